@@ -1,0 +1,37 @@
+# One command per job on a fresh CPU machine:
+#   make test    create .venv, install the pinned CPU stack and the project, run the tests
+#   make bench   the A/B forward benchmark in its tiny CPU smoke mode
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-cpu-stack
+
+.PHONY: install test test-fast bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch 2.13.0 (CPU build) first, so nothing below pulls a CUDA wheel.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q fbgemm-gpu-cpu==1.8.0 triton==3.6.0 "numpy<2.3"
+	# torchrec's metadata demands the CUDA fbgemm-gpu: install it without deps,
+	# then its real dependencies.
+	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PIP) install -q tensordict "torchmetrics==1.0.3" tqdm pyre-extensions iopath
+	$(PIP) install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m tbe_plugin.benchmarks.forward --smoke --out bench-out
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,353 @@
+"""What every TBE benchmark shares: configs, inputs, weights, timing, byte accounting, reports.
+
+Imported by ``tbe_plugin.benchmarks.forward`` (and the backward benchmark to come); it
+imports torch and numpy at module level and FBGEMM only inside functions, so that a
+caller can silence FBGEMM's import-time logging first (``silence_fbgemm_logging``).
+Nothing here times a provider differently from another: the same inputs, the same
+alternating order, the same clock.
+"""
+
+import dataclasses
+import inspect
+import json
+import logging
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
+POOLING_MODES = ("sum", "mean")
+
+# A provider's output "matches" the reference when max|diff| <= REL_TOLERANCE * max|ref|
+# + ABS_TOLERANCE. Both sides read identical weights, so only the summation order (and,
+# for a low-precision reference such as torch's bf16 output, its rounding) differs.
+REL_TOLERANCE = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1e-2}
+ABS_TOLERANCE = 1e-6
+
+FORWARD_BYTES_FORMULA = (
+    "bytes = sum_t(n_t * D_t) * w + n * s_idx + (T*B + 1) * s_off + [weighted] n * 4 "
+    "+ B * sum_t(D_t) * s_out, where n_t = lookups into table t (every lookup counted, "
+    "repeated ids included), n = sum_t n_t, w = bytes per weight, s_idx/s_off/s_out = "
+    "element sizes of indices/offsets/output. FBGEMM's own benchmark "
+    "(bench/tbe/tbe_training_benchmark.py, `device`) counts only "
+    "B*sum(D)*L*w + B*sum(D)*s_out; that figure is in the JSON as fbgemm_formula_bytes."
+)
+
+
+def silence_fbgemm_logging() -> None:
+    """Raise the root logger to ERROR: fbgemm_gpu logs a version warning per library it
+    loads and its request generator calls ``logging.basicConfig(level=DEBUG)``."""
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+@dataclasses.dataclass(frozen=True)
+class TBEConfig:
+    """One benchmark configuration, in FBGEMM's benchmark vocabulary."""
+
+    name: str
+    """Key in the JSON and the markdown (e.g. ``fbgemm-standard``)."""
+    T: int
+    """Number of tables (one feature per table)."""
+    B: int
+    """Batch size: bags per table."""
+    L: int
+    """Ids per bag (fixed pooling factor)."""
+    E: int
+    """Rows per table."""
+    D: int | tuple[int, ...]
+    """Embedding dim: one for all tables, or a tuple that is cycled over the tables."""
+    weights_precision: str = "fp32"
+    """One of ``WEIGHT_DTYPES``."""
+    pooling: str = "sum"
+    """``sum`` or ``mean``."""
+    weighted: bool = False
+    """Pass per-sample weights (fp32, like FBGEMM's request generator)."""
+    zipf_alpha: float | None = None
+    """None: uniform ids; otherwise Zipf(alpha) ids, hot rows scattered over the table."""
+    index_dtype: str = "int64"
+    """Dtype of indices and offsets (FBGEMM's default is int64)."""
+
+    def __post_init__(self) -> None:
+        for field in ("T", "B", "L", "E"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"config {self.name}: {field} must be >= 1")
+        dims = self.D if isinstance(self.D, tuple) else (self.D,)
+        if not dims or any(d < 1 for d in dims):
+            raise ValueError(f"config {self.name}: every D must be >= 1, got {self.D}")
+        if self.weights_precision not in WEIGHT_DTYPES:
+            raise ValueError(f"config {self.name}: weights_precision {self.weights_precision!r}")
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"config {self.name}: pooling {self.pooling!r}")
+        if self.weighted and self.pooling != "sum":
+            raise ValueError(f"config {self.name}: per-sample weights need sum pooling")
+        if self.zipf_alpha is not None and self.zipf_alpha <= 1.0:
+            raise ValueError(f"config {self.name}: zipf_alpha must be > 1 (None = uniform)")
+        if self.index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"config {self.name}: index_dtype {self.index_dtype!r}")
+
+    @property
+    def dims(self) -> list[int]:
+        cycle = self.D if isinstance(self.D, tuple) else (self.D,)
+        return [cycle[t % len(cycle)] for t in range(self.T)]
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return WEIGHT_DTYPES[self.weights_precision]
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"dims": self.dims}
+
+
+@dataclasses.dataclass
+class InputBatch:
+    """One forward's inputs in FBGEMM's layout: bags ordered table-major, offsets [T*B+1]."""
+
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    per_sample_weights: torch.Tensor | None
+
+
+def _fbgemm_generate_requests() -> Callable | None:
+    try:
+        from fbgemm_gpu.tbe.utils.requests import generate_requests
+    except ImportError:
+        return None
+    finally:
+        silence_fbgemm_logging()
+    return generate_requests
+
+
+def _batches_from_fbgemm(generate_requests, cfg: TBEConfig, num_batches: int, device) -> list:
+    kwargs = dict(
+        iters=num_batches, B=cfg.B, T=cfg.T, L=cfg.L, E=cfg.E,
+        alpha=cfg.zipf_alpha or 1.0, weighted=cfg.weighted,
+        use_cpu=device.type == "cpu", deterministic_output=True,
+    )
+    accepted = inspect.signature(generate_requests).parameters
+    requests = generate_requests(**{k: v for k, v in kwargs.items() if k in accepted})
+    return [request.unpack_3() for request in requests]
+
+
+def _batches_from_numpy(cfg: TBEConfig, num_batches: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(num_batches):
+        shape = (cfg.T, cfg.B, cfg.L)
+        if cfg.zipf_alpha is None:
+            ids = rng.integers(0, cfg.E, size=shape)
+        else:
+            ids = (rng.zipf(cfg.zipf_alpha, size=shape) - 1) % cfg.E
+        indices = torch.from_numpy(np.sort(ids, axis=-1).reshape(-1))
+        offsets = torch.arange(0, cfg.T * cfg.B * cfg.L + 1, cfg.L)
+        weights = torch.from_numpy(rng.standard_normal(indices.numel(), np.float32))
+        batches.append((indices, offsets, weights if cfg.weighted else None))
+    return batches
+
+
+def generate_batches(
+    cfg: TBEConfig, num_batches: int, device: torch.device, seed: int = 0
+) -> tuple[list[InputBatch], str]:
+    """``num_batches`` distinct requests for ``cfg`` on ``device``, and how they were drawn.
+
+    FBGEMM's own ``generate_requests`` is used when importable (so Zipf inputs match
+    FBGEMM's benchmark); otherwise numpy: uniform ids, or Zipf(alpha) - 1 mod E.
+    """
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    generate_requests = _fbgemm_generate_requests()
+    raw, source = None, "numpy (uniform, or zipf(alpha) - 1 mod E), ids sorted per bag"
+    if generate_requests is not None:
+        try:
+            raw = _batches_from_fbgemm(generate_requests, cfg, num_batches, device)
+            source = "fbgemm_gpu.tbe.utils.requests.generate_requests"
+        except Exception as error:  # e.g. an older signature: fall back, and say so
+            source += f" (fbgemm generator failed: {type(error).__name__}: {error})"
+    if raw is None:
+        raw = _batches_from_numpy(cfg, num_batches, seed)
+    index_dtype = INDEX_DTYPES[cfg.index_dtype]
+    batches = [
+        InputBatch(
+            indices=indices.to(device=device, dtype=index_dtype).contiguous(),
+            offsets=offsets.to(device=device, dtype=index_dtype).contiguous(),
+            per_sample_weights=None if weights is None
+            else weights.to(device=device, dtype=torch.float32).contiguous(),
+        )
+        for indices, offsets, weights in raw
+    ]
+    return batches, source
+
+
+@torch.no_grad()
+def fill_tables_uniform_(tables: list[torch.Tensor], seed: int, bound: float = 1.0) -> None:
+    """Fill each table in place with U(-bound, bound) from a per-table seeded generator."""
+    for t, table in enumerate(tables):
+        generator = torch.Generator(device=table.device).manual_seed(seed + t)
+        table.uniform_(-bound, bound, generator=generator)
+
+
+@torch.no_grad()
+def copy_tables_(destination: list[torch.Tensor], source: list[torch.Tensor]) -> None:
+    if len(destination) != len(source):
+        raise ValueError(f"{len(destination)} destination tables for {len(source)} sources")
+    for dst, src in zip(destination, source):
+        dst.copy_(src)
+
+
+def forward_bytes(cfg: TBEConfig, batch: InputBatch, output_dtype=torch.float32) -> dict:
+    """Bytes one pooled forward must move, per ``FORWARD_BYTES_FORMULA``."""
+    bounds = batch.offsets[:: cfg.B].tolist()  # T+1 table boundaries into indices
+    lookups = [bounds[t + 1] - bounds[t] for t in range(cfg.T)]
+    weight_size = cfg.weight_dtype.itemsize
+    out_size = output_dtype.itemsize
+    parts = {
+        "rows": sum(n * d for n, d in zip(lookups, cfg.dims)) * weight_size,
+        "indices": batch.indices.numel() * batch.indices.element_size(),
+        "offsets": batch.offsets.numel() * batch.offsets.element_size(),
+        "per_sample_weights": 0 if batch.per_sample_weights is None
+        else batch.per_sample_weights.numel() * batch.per_sample_weights.element_size(),
+        "output": cfg.B * sum(cfg.dims) * out_size,
+    }
+    fbgemm_formula = cfg.B * sum(cfg.dims) * (cfg.L * weight_size + out_size)
+    return {"total": sum(parts.values()), **parts, "fbgemm_formula_bytes": fbgemm_formula}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_device_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def summarize_ms(samples_ms: list[float]) -> dict:
+    values = np.asarray(samples_ms, dtype=np.float64)
+    return {
+        "median_ms": float(np.median(values)),
+        "p10_ms": float(np.percentile(values, 10)),
+        "p90_ms": float(np.percentile(values, 90)),
+        "mean_ms": float(values.mean()),
+        "n": int(values.size),
+    }
+
+
+def time_alternating(
+    calls: dict[str, Callable[[int], object]], iters: int, warmup: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Per-call milliseconds of every provider, timed in alternating order.
+
+    ``calls[name](i)`` runs one forward of provider ``name`` on input batch number ``i``
+    (the caller cycles its batches). Round r calls every provider once, in listed order
+    for even r and reversed for odd r (A B C C B A ...), so drift in clocks or
+    temperature hits all providers alike. CUDA: one pair of events around each call and
+    no synchronization inside the timed loop, so host overhead that the GPU hides stays
+    hidden, as in FBGEMM's ``benchmark_requests``. CPU: ``time.perf_counter``.
+    """
+    names = list(calls)
+    for name in names:
+        for i in range(warmup):
+            calls[name](i)
+    synchronize(device)
+    if device.type == "cuda":
+        events: dict[str, list] = {name: [] for name in names}
+        for r in range(iters):
+            for name in names if r % 2 == 0 else reversed(names):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                calls[name](r)
+                end.record()
+                events[name].append((start, end))
+        torch.cuda.synchronize(device)
+        return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(iters):
+        for name in names if r % 2 == 0 else reversed(names):
+            begin = time.perf_counter()
+            calls[name](r)
+            samples[name].append((time.perf_counter() - begin) * 1e3)
+    return samples
+
+
+@torch.no_grad()
+def measure_copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> dict:
+    """Device-to-device ``copy_`` of ``nbytes``: TB/s counting read + write (2 * nbytes)."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    destination = torch.empty_like(source)
+    calls = {"copy": lambda _i: destination.copy_(source)}
+    samples = time_alternating(calls, iters=repeats, warmup=2, device=device)["copy"]
+    median_ms = float(np.median(samples))
+    del source, destination
+    free_device_memory()
+    return {"bytes_per_copy": 2 * nbytes, "median_ms": median_ms,
+            "tbps": 2 * nbytes / (median_ms * 1e-3) / 1e12}
+
+
+@torch.no_grad()
+def max_abs_diff(output: torch.Tensor, reference: torch.Tensor) -> float:
+    if output.shape != reference.shape:
+        raise ValueError(f"shape {tuple(output.shape)} vs reference {tuple(reference.shape)}")
+    return float((output.float() - reference.float()).abs().max()) if output.numel() else 0.0
+
+
+def outputs_match(diff: float, reference: torch.Tensor, weights_precision: str) -> bool:
+    scale = float(reference.float().abs().max()) if reference.numel() else 0.0
+    return diff <= REL_TOLERANCE[weights_precision] * scale + ABS_TOLERANCE
+
+
+def collect_environment(device: torch.device) -> dict:
+    """Versions and device, recorded in every report header."""
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "device": str(device), "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = "not installed"
+    try:
+        import fbgemm_gpu
+
+        env["fbgemm_gpu"] = getattr(fbgemm_gpu, "__version__", "unknown")
+    except ImportError:
+        env["fbgemm_gpu"] = "not installed"
+    finally:
+        silence_fbgemm_logging()
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
+    return env
+
+
+def geomean(values: list[float]) -> float | None:
+    finite = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else None
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_report(out_dir: str | Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
+    """Write ``out_dir/stem.json`` and ``out_dir/stem.md``; return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    md_path.write_text(markdown + "\n")
+    return json_path, md_path

@@ -1,0 +1,379 @@
+"""Pooled-forward A/B benchmark: our Triton TBE vs FBGEMM vs torch.nn.EmbeddingBag.
+
+Run from the repo root: ``python -m tbe_plugin.benchmarks.forward [--smoke] [--configs a,b]
+[--self-check] [--out DIR]``. Writes DIR/forward.json and DIR/forward.md and prints the
+markdown. Every provider reads identical weights (FBGEMM's, filled from a fixed seed and
+copied into ours via ``split_embedding_weights()``) and identical requests; each config
+first checks ours against FBGEMM's output, then times all providers alternately.
+Shared machinery (configs, inputs, timing, bytes, reports) lives in ``common``.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import types
+from collections.abc import Callable
+
+import torch
+
+from tbe_plugin.benchmarks.common import (
+    FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_,
+    fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches, geomean,
+    markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match,
+    silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
+)
+
+_SMOKE = dict(T=3, B=4, L=3, E=50)
+SMOKE_CONFIGS = [
+    TBEConfig("smoke-sum", **_SMOKE, D=8),
+    TBEConfig("smoke-mixed-d", **_SMOKE, D=(8, 12)),
+    TBEConfig("smoke-weighted", **_SMOKE, D=12, weighted=True),
+    TBEConfig("smoke-mean", **_SMOKE, D=12, pooling="mean"),
+    TBEConfig("smoke-zipf", **_SMOKE, D=8, zipf_alpha=1.15),
+    TBEConfig("smoke-fp16", **_SMOKE, D=8, weights_precision="fp16"),
+    TBEConfig("smoke-bf16", **_SMOKE, D=12, weights_precision="bf16"),
+]
+
+_SUITE = dict(T=32, B=8192, L=20, E=1_000_000, D=128)
+DEVICE_CONFIGS = [
+    TBEConfig("fbgemm-standard", T=32, B=512, L=20, E=100_000, D=128),
+    TBEConfig("b8192", **_SUITE),
+    TBEConfig("b65536", **_SUITE | dict(B=65536)),
+    TBEConfig("fp16", **_SUITE, weights_precision="fp16"),
+    TBEConfig("bf16", **_SUITE, weights_precision="bf16"),
+    TBEConfig("zipf1.15", **_SUITE, zipf_alpha=1.15),
+    TBEConfig("mixed-d", **_SUITE | dict(D=(32, 64, 96, 128, 160, 192, 224, 256))),
+    TBEConfig("weighted", **_SUITE, weighted=True),
+    TBEConfig("mean", **_SUITE, pooling="mean"),
+    TBEConfig("l1", **_SUITE | dict(B=65536, L=1)),
+    TBEConfig("l100", **_SUITE | dict(L=100)),
+]
+
+OURS, FBGEMM, TORCH = "ours", "fbgemm", "torch"
+TWIN = "-twin"  # suffix of the second, identical module in --self-check
+
+
+@dataclasses.dataclass
+class Provider:
+    """One implementation under test: its forward and its per-table weight views."""
+
+    name: str
+    forward: Callable[[InputBatch], torch.Tensor]
+    tables: list[torch.Tensor]
+
+
+def _fbgemm_api():
+    """FBGEMM's module and enums, imported after its import-time logging is silenced."""
+    silence_fbgemm_logging()
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        BoundsCheckMode, EmbeddingLocation, PoolingMode,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    silence_fbgemm_logging()
+    return types.SimpleNamespace(
+        EmbOptimType=EmbOptimType, SparseType=SparseType, BoundsCheckMode=BoundsCheckMode,
+        EmbeddingLocation=EmbeddingLocation, PoolingMode=PoolingMode, ComputeDevice=ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen=SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+
+def tbe_module_kwargs(cfg: TBEConfig, device: torch.device) -> dict:
+    """The constructor arguments given to FBGEMM's module and, unchanged, to ours."""
+    api = _fbgemm_api()
+    on_cpu = device.type == "cpu"
+    location = api.EmbeddingLocation.HOST if on_cpu else api.EmbeddingLocation.DEVICE
+    compute = api.ComputeDevice.CPU if on_cpu else api.ComputeDevice.CUDA
+    return dict(
+        embedding_specs=[(cfg.E, d, location, compute) for d in cfg.dims],
+        feature_table_map=None,
+        optimizer=api.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.01,
+        weights_precision=api.SparseType(cfg.weights_precision),
+        output_dtype=api.SparseType.FP32,
+        pooling_mode=api.PoolingMode.SUM if cfg.pooling == "sum" else api.PoolingMode.MEAN,
+        bounds_check_mode=api.BoundsCheckMode.WARNING,
+        device=device,
+    )
+
+
+def _module_provider(name: str, module: torch.nn.Module) -> Provider:
+    def forward(batch: InputBatch) -> torch.Tensor:
+        return module(batch.indices, batch.offsets, per_sample_weights=batch.per_sample_weights)
+
+    return Provider(name, forward, list(module.split_embedding_weights()))
+
+
+def build_fbgemm(name: str, cfg: TBEConfig, device: torch.device) -> Provider:
+    module = _fbgemm_api().SplitTableBatchedEmbeddingBagsCodegen(**tbe_module_kwargs(cfg, device))
+    return _module_provider(name, module)
+
+
+def build_ours(name: str, cfg: TBEConfig, device: torch.device) -> Provider:
+    from tbe_plugin import TritonTableBatchedEmbeddingBags  # written alongside: import late
+
+    return _module_provider(name, TritonTableBatchedEmbeddingBags(**tbe_module_kwargs(cfg, device)))
+
+
+def _per_table_inputs(cfg: TBEConfig, batch: InputBatch) -> list[tuple]:
+    """Split a table-major request into per-table (indices, offsets, weights) for EmbeddingBag."""
+    bounds = batch.offsets[:: cfg.B].tolist()
+    pieces = []
+    for t in range(cfg.T):
+        offsets = batch.offsets[t * cfg.B : (t + 1) * cfg.B + 1] - bounds[t]
+        indices = batch.indices[bounds[t] : bounds[t + 1]]
+        weights = batch.per_sample_weights
+        pieces.append((indices, offsets, None if weights is None else weights[bounds[t] : bounds[t + 1]]))
+    return pieces
+
+
+def build_torch(cfg: TBEConfig, tables: list[torch.Tensor], batches: list[InputBatch]) -> Provider:
+    """One torch.nn.EmbeddingBag per table, sharing ``tables``' storage; outputs concatenated."""
+    bags = [torch.nn.EmbeddingBag.from_pretrained(table, freeze=False, mode=cfg.pooling,
+                                                  include_last_offset=True) for table in tables]
+    # Per-table slicing reads offsets on the host: do it once per batch, outside the timing.
+    plans = {id(batch): _per_table_inputs(cfg, batch) for batch in batches}
+
+    def forward(batch: InputBatch) -> torch.Tensor:
+        outputs = []
+        for bag, (indices, offsets, weights) in zip(bags, plans[id(batch)]):
+            if weights is not None:
+                weights = weights.to(bag.weight.dtype)
+            outputs.append(bag(indices, offsets, per_sample_weights=weights))
+        return torch.cat(outputs, dim=1)
+
+    return Provider(TORCH, forward, tables)
+
+
+@torch.no_grad()
+def fp32_reference(cfg: TBEConfig, tables: list[torch.Tensor], batch: InputBatch) -> torch.Tensor:
+    """Pooled output from fp32 copies of the tables (one table upcast at a time)."""
+    outputs = []
+    for table, (indices, offsets, weights) in zip(tables, _per_table_inputs(cfg, batch)):
+        outputs.append(torch.nn.functional.embedding_bag(
+            indices, table.float(), offsets, mode=cfg.pooling, per_sample_weights=weights,
+            include_last_offset=True))
+    return torch.cat(outputs, dim=1)
+
+
+def _build_providers(cfg, device, batches, self_check) -> tuple[dict[str, Provider], dict]:
+    """Build every provider that this stack supports; unsupported ones get a reason."""
+    builders = [(FBGEMM, build_fbgemm), (OURS, build_ours)]
+    if self_check:
+        builders = [(FBGEMM, build_fbgemm), (FBGEMM + TWIN, build_fbgemm),
+                    (OURS, build_ours), (OURS + TWIN, build_ours)]
+    providers, unavailable = {}, {}
+    for name, build in builders:
+        try:
+            providers[name] = build(name, cfg, device)
+        except Exception as error:
+            unavailable[name] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    if not providers:
+        return providers, unavailable
+    source = next(iter(providers.values())).tables
+    fill_tables_uniform_(source, seed=1234)
+    for provider in list(providers.values())[1:]:
+        copy_tables_(provider.tables, source)
+    if not self_check:
+        providers[TORCH] = build_torch(cfg, source, batches)
+    return providers, unavailable
+
+
+def _check_outputs(cfg, providers, unavailable, batch) -> tuple[dict, str]:
+    """Max |diff| of every provider against FBGEMM (else an fp32 torch reference)."""
+    outputs = {}
+    for name, provider in list(providers.items()):
+        try:
+            with torch.no_grad():
+                outputs[name] = provider.forward(batch)
+        except Exception as error:
+            unavailable[name] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            del providers[name]
+    if FBGEMM in outputs:
+        reference_name, reference = FBGEMM, outputs[FBGEMM]
+    else:
+        tables = next(iter(providers.values())).tables
+        reference_name, reference = "torch-fp32", fp32_reference(cfg, tables, batch)
+    checks = {}
+    for name, output in outputs.items():
+        if name == reference_name:
+            continue
+        diff = max_abs_diff(output, reference)
+        checks[name] = {"max_abs_diff": diff,
+                        "matches": outputs_match(diff, reference, cfg.weights_precision)}
+    return checks, reference_name
+
+
+def run_config(cfg: TBEConfig, args, device: torch.device, copy_tbps: float) -> dict:
+    batches, input_source = generate_batches(cfg, args.batches, device, seed=args.seed)
+    providers, unavailable = _build_providers(cfg, device, batches, args.self_check)
+    checks, reference_name = _check_outputs(cfg, providers, unavailable, batches[0])
+    moved = forward_bytes(cfg, batches[0])
+    calls = {name: (lambda i, p=p: p.forward(batches[i % len(batches)]))
+             for name, p in providers.items()}
+    samples = time_alternating(calls, args.iters, args.warmup, device) if calls else {}
+    results = {}
+    for name in [*providers, *unavailable]:
+        if name in unavailable:
+            results[name] = {"status": "n/a", "reason": unavailable[name]}
+            continue
+        stats = summarize_ms(samples[name])
+        tbps = moved["total"] / (stats["median_ms"] * 1e-3) / 1e12
+        results[name] = {"status": "ok", **stats, "tbps": tbps,
+                         "pct_copy_bw": 100.0 * tbps / copy_tbps,
+                         **checks.get(name, {"reference": True})}
+    ratios = {}
+    for slow, fast in ratio_pairs(args.self_check):
+        if results.get(slow, {}).get("status") == "ok" and results.get(fast, {}).get("status") == "ok":
+            ratios[f"{slow}/{fast}"] = results[slow]["median_ms"] / results[fast]["median_ms"]
+    ids = batches[0].indices
+    distinct = torch.unique(ids).numel() / max(ids.numel(), 1)
+    del providers, calls, batches
+    free_device_memory()
+    return {"name": cfg.name, "config": cfg.as_dict(), "input_source": input_source,
+            "distinct_id_fraction": distinct, "bytes": moved, "reference": reference_name,
+            "providers": results, "ratios": ratios}
+
+
+def ratio_pairs(self_check: bool) -> list[tuple[str, str]]:
+    """(numerator, denominator) of each reported time ratio; > 1 means the second is faster."""
+    if self_check:
+        return [(FBGEMM, FBGEMM + TWIN), (OURS, OURS + TWIN)]
+    return [(FBGEMM, OURS)]
+
+
+def _describe(cfg: dict) -> str:
+    dims = cfg["D"] if isinstance(cfg["D"], int) else "/".join(map(str, cfg["D"]))
+    ids = "uniform" if cfg["zipf_alpha"] is None else f"zipf{cfg['zipf_alpha']}"
+    extra = " weighted" if cfg["weighted"] else ""
+    return (f"T={cfg['T']} B={cfg['B']} L={cfg['L']} E={cfg['E']:.0e} D={dims} "
+            f"{cfg['weights_precision']} {cfg['pooling']} {ids}{extra}")
+
+
+def render_markdown(report: dict) -> str:
+    env, copy_bw = report["environment"], report["copy_bandwidth"]
+    names = report["providers"]
+    pairs = [f"{a}/{b}" for a, b in report["ratio_pairs"]]
+    header = [
+        "# TBE pooled forward: " + " vs ".join(names),
+        "",
+        f"- device: {env['device_name']} ({env['device']}, cuda {env.get('cuda', 'n/a')}); "
+        f"torch {env['torch']}, triton {env['triton']}, fbgemm_gpu {env['fbgemm_gpu']}, "
+        f"python {env['python']}, TRITON_INTERPRET={env['triton_interpret']}",
+        f"- copy bandwidth: {copy_bw['tbps']:.3f} TB/s (device-to-device copy_ of "
+        f"{copy_bw['bytes_per_copy'] / 2 / 2**30:.3g} GiB, read + write counted)",
+        f"- method: {report['method']}",
+        f"- bytes: {FORWARD_BYTES_FORMULA}",
+        f"- ratio a/b = median ms of a / median ms of b: > 1 means b is faster. "
+        f"max |diff| is against `{FBGEMM}` (or an fp32 torch reference where FBGEMM is n/a).",
+        "",
+    ]
+    columns = ["config", "shape"] + [f"{n} ms" for n in names] + \
+        [f"{n} TB/s (% copy)" for n in names] + pairs + [f"max abs diff ({n})" for n in names if n != FBGEMM]
+    rows = []
+    for entry in report["configs"]:
+        res = entry["providers"]
+        ok = {n: res.get(n, {}).get("status") == "ok" for n in names}
+        row = [entry["name"], _describe(entry["config"])]
+        row += [f"{res[n]['median_ms']:.4g}" if ok[n] else "n/a" for n in names]
+        row += [f"{res[n]['tbps']:.3g} ({res[n]['pct_copy_bw']:.3g}%)" if ok[n] else "n/a" for n in names]
+        row += [f"{entry['ratios'][p]:.3f}" if p in entry["ratios"] else "n/a" for p in pairs]
+        for n in names:
+            if n == FBGEMM:
+                continue
+            if not ok[n] or "max_abs_diff" not in res[n]:
+                row.append("n/a")
+            else:
+                flag = "" if res[n]["matches"] else " **MISMATCH**"
+                vs = "" if entry["reference"] == FBGEMM else f" vs {entry['reference']}"
+                row.append(f"{res[n]['max_abs_diff']:.2e}{vs}{flag}")
+        rows.append(row)
+    rows.append(["geomean", ""] + [""] * (2 * len(names)) +
+                [f"{report['geomean'][p]:.3f}" if report["geomean"].get(p) else "n/a" for p in pairs] +
+                [""] * (len(columns) - 2 - 2 * len(names) - len(pairs)))
+    spread = [[e["name"], n, *(f"{e['providers'][n][k]:.4g}" for k in ("p10_ms", "median_ms", "p90_ms"))]
+              for e in report["configs"] for n in names if e["providers"].get(n, {}).get("status") == "ok"]
+    unavailable = [f"- {e['name']} / {n}: {r['reason']}" for e in report["configs"]
+                   for n, r in e["providers"].items() if r["status"] != "ok"]
+    parts = header + [markdown_table(columns, rows), "", "## Spread (ms)", "",
+                      markdown_table(["config", "provider", "p10", "median", "p90"], spread)]
+    if unavailable:
+        parts += ["", "## Not available", "", *unavailable]
+    return "\n".join(parts)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny configs; runs on CPU")
+    parser.add_argument("--configs", default=None, help="comma-separated config names")
+    parser.add_argument("--iters", type=int, default=None, help="timed rounds (default 50, smoke 5)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per provider")
+    parser.add_argument("--batches", type=int, default=None, help="distinct requests cycled")
+    parser.add_argument("--self-check", action="store_true",
+                        help="time FBGEMM vs an identical FBGEMM and ours vs ours")
+    parser.add_argument("--copy-gib", type=float, default=None, help="size of the copy-bandwidth probe")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-out", help="directory for forward.json/.md")
+    args = parser.parse_args(argv)
+    defaults = dict(iters=5, warmup=1, batches=2, copy_gib=1 / 16) if args.smoke else \
+        dict(iters=50, warmup=5, batches=4, copy_gib=2.0)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def select_configs(args) -> list[TBEConfig]:
+    available = SMOKE_CONFIGS if args.smoke else DEVICE_CONFIGS
+    if args.configs is None:
+        return available
+    by_name = {cfg.name: cfg for cfg in available}
+    wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown config(s) {unknown}; choose from {sorted(by_name)}")
+    return [by_name[name] for name in wanted]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    has_cuda = torch.cuda.is_available()
+    if not has_cuda and not args.smoke:
+        raise SystemExit("the device suite needs CUDA; use --smoke on CPU")
+    if not has_cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    silence_fbgemm_logging()
+    device = torch.device("cuda", torch.cuda.current_device()) if has_cuda else torch.device("cpu")
+    configs = select_configs(args)
+    copy_bw = measure_copy_bandwidth(device, int(args.copy_gib * 2**30))
+    names = [FBGEMM, FBGEMM + TWIN, OURS, OURS + TWIN] if args.self_check else [OURS, FBGEMM, TORCH]
+    clock = "CUDA events" if has_cuda else "time.perf_counter"
+    report = {
+        "benchmark": "tbe_forward", "mode": "smoke" if args.smoke else "device",
+        "self_check": args.self_check, "environment": collect_environment(device),
+        "copy_bandwidth": copy_bw, "providers": names,
+        "ratio_pairs": ratio_pairs(args.self_check), "bytes_formula": FORWARD_BYTES_FORMULA,
+        "settings": {k: getattr(args, k) for k in ("iters", "warmup", "batches", "seed")},
+        "method": (f"{args.warmup} warm-up calls per provider, then {args.iters} rounds calling "
+                   f"every provider once, order alternating (A B C, C B A, ...), {clock} per call, "
+                   f"median with p10/p90; {args.batches} distinct requests cycled; grad mode on, "
+                   f"outputs discarded; weights U(-1, 1), identical across providers"),
+        "configs": [],
+    }
+    for cfg in configs:
+        print(f"[forward] {cfg.name} ...", file=sys.stderr, flush=True)
+        report["configs"].append(run_config(cfg, args, device, copy_bw["tbps"]))
+    report["geomean"] = {f"{a}/{b}": geomean([e["ratios"].get(f"{a}/{b}") for e in report["configs"]])
+                         for a, b in report["ratio_pairs"]}
+    markdown = render_markdown(report)
+    write_report(args.out, "forward", report, markdown)
+    print(markdown)
+    return report
+
+
+if __name__ == "__main__":
+    main()

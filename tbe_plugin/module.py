@@ -1,0 +1,349 @@
+"""``TritonTableBatchedEmbeddingBags``: an nn.Module with FBGEMM's TBE interface.
+
+It takes the constructor arguments and enums of FBGEMM's
+``SplitTableBatchedEmbeddingBagsCodegen`` (the supported subset; anything else raises,
+naming the argument), owns the flat weight buffer and the optimizer state, validates
+inputs at the host boundary and calls the ``tbe_plugin::tbe_forward`` custom op.
+
+May import ``tbe_plugin.ops``; the TorchRec adapter builds on this module.
+"""
+
+import enum
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from tbe_plugin.ops.bounds import validate_forward_inputs
+from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
+from tbe_plugin.ops.embedding_forward import (
+    META_DIM,
+    META_OUT_OFFSET,
+    META_ROWS,
+    META_WEIGHT_OFFSET,
+    tbe_forward_op,
+)
+
+# FBGEMM names -> torch dtypes for the precisions we serve.
+_PRECISIONS = {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
+
+# Optimizer -> (momentum1 per row or per element, momentum2 ..., has a step counter).
+# None: no such state. Layouts follow FBGEMM's split_optimizer_states().
+_OPTIMIZER_STATE = {
+    "EXACT_SGD": (None, None, False),
+    "EXACT_ROWWISE_ADAGRAD": ("row", None, False),
+    "EXACT_ADAGRAD": ("element", None, False),
+    "ADAM": ("element", "element", True),
+    "PARTIAL_ROWWISE_ADAM": ("element", "row", True),
+    "LAMB": ("element", "element", True),
+}
+_WEIGHT_DECAY_MODES = ("NONE", "L2", "DECOUPLED")
+
+# FBGEMM constructor arguments this module does not implement, with the values at which
+# they have no effect (FBGEMM's defaults). Passing another value raises, naming it.
+_INERT_FBGEMM_ARGS: Dict[str, Any] = {
+    "enforce_hbm": False,
+    "record_cache_metrics": None,
+    "gather_uvm_cache_stats": False,
+    "gradient_clipping": False,
+    "max_gradient": 1.0,
+    "max_norm": 0.0,
+    "momentum": 0.9,
+    "eta": 0.001,
+    "ensemble_mode": None,
+    "emainplace_mode": None,
+    "counter_based_regularization": None,
+    "cowclip_regularization": None,
+    "uvm_non_rowwise_momentum": False,
+    "use_experimental_tbe": False,
+    "prefetch_pipeline": False,
+    "stats_reporter_config": None,
+    "optimizer_state_dtypes": None,
+    "multipass_prefetch_config": None,
+    "global_weight_decay": None,
+    "uvm_host_mapped": False,
+    "extra_optimizer_config": None,
+    "tbe_input_multiplexer_config": None,
+    "embedding_shard_info": None,
+    "enable_raw_embedding_streaming": False,
+    "res_params": None,
+    "is_qr_tbe": False,
+    "preallocated_host_buffers": None,
+}
+# Software-cache settings: FBGEMM reads them only for MANAGED_CACHING tables, which this
+# module rejects, so any value is as inert here as it is in FBGEMM without such tables.
+_CACHE_ARGS = ("cache_algorithm", "cache_load_factor", "cache_sets", "cache_reserved_memory", "cache_precision")
+
+
+def _enum_name(value: Any, what: str) -> str:
+    """The member name of an FBGEMM enum (any version's class), or of a plain string."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, str):
+        return value.upper()
+    raise TypeError(f"{what} must be an FBGEMM enum member or its name, got {value!r}")
+
+
+def _dtype_of(value: Any, what: str) -> torch.dtype:
+    name = _enum_name(value, what)
+    if name not in _PRECISIONS:
+        raise NotImplementedError(
+            f"{what}={name} is not supported; supported: {', '.join(_PRECISIONS)}"
+        )
+    return _PRECISIONS[name]
+
+
+def _resolve_device(specs: Sequence[tuple], device: Any) -> torch.device:
+    """The device as FBGEMM derives it: explicit, else from the specs' ComputeDevice."""
+    if device is not None:
+        resolved = torch.device(device)
+        if resolved.type == "cuda" and resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        if resolved.type not in ("cpu", "cuda"):
+            raise NotImplementedError(f"device={resolved} is not supported (cpu or cuda)")
+        return resolved
+    computes = {_enum_name(s[3], "ComputeDevice") for s in specs if len(s) == 4}
+    if len(computes) > 1:
+        raise ValueError(f"embedding_specs mix compute devices {sorted(computes)}; give one")
+    compute = computes.pop() if computes else ("CUDA" if torch.cuda.is_available() else "CPU")
+    if compute == "CUDA":
+        return torch.device("cuda", torch.cuda.current_device())
+    if compute == "CPU":
+        return torch.device("cpu")
+    raise NotImplementedError(f"ComputeDevice.{compute} is not supported (CPU or CUDA)")
+
+
+class TritonTableBatchedEmbeddingBags(nn.Module):
+    """Table-batched embedding bags on Triton kernels, FBGEMM's interface and semantics.
+
+    Replacing ``SplitTableBatchedEmbeddingBagsCodegen(...)`` by this class with the same
+    arguments gives the same results for the supported subset: weights FP32/FP16/BF16,
+    output FP32/FP16/BF16, pooling SUM/MEAN/NONE, every ``BoundsCheckMode``, tables on the
+    device (``EmbeddingLocation.DEVICE``, or ``HOST`` with ``ComputeDevice.CPU``).
+    """
+
+    def __init__(
+        self,
+        embedding_specs: Sequence[Union[Tuple[int, int], Tuple[int, int, Any, Any]]],
+        feature_table_map: Optional[Sequence[int]] = None,
+        weights_precision: Any = "FP32",
+        output_dtype: Any = "FP32",
+        optimizer: Any = "EXACT_SGD",
+        stochastic_rounding: bool = True,
+        learning_rate: float = 0.01,
+        eps: float = 1.0e-8,
+        weight_decay: float = 0.0,
+        weight_decay_mode: Any = "NONE",
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        pooling_mode: Any = "SUM",
+        device: Any = None,
+        bounds_check_mode: Any = "WARNING",
+        table_names: Optional[Sequence[str]] = None,
+        embedding_table_index_type: torch.dtype = torch.int64,
+        embedding_table_offset_type: torch.dtype = torch.int64,
+        **fbgemm_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self._reject_unsupported(fbgemm_kwargs)
+        specs = [tuple(s) for s in embedding_specs]
+        if not specs:
+            raise ValueError("embedding_specs is empty: at least one table is needed")
+        for t, spec in enumerate(specs):
+            if len(spec) not in (2, 4):
+                raise ValueError(
+                    f"embedding_specs[{t}] = {spec!r}: expected (rows, dim) or "
+                    "(rows, dim, EmbeddingLocation, ComputeDevice)"
+                )
+            rows, dim = spec[0], spec[1]
+            if int(rows) < 1 or int(dim) < 1:
+                raise ValueError(f"embedding_specs[{t}]: rows and dim must be >= 1, got {rows}, {dim}")
+        self.device = _resolve_device(specs, device)
+        for t, spec in enumerate(specs):
+            if len(spec) == 4:
+                self._check_location(t, _enum_name(spec[2], "EmbeddingLocation"))
+
+        self.table_rows: List[int] = [int(s[0]) for s in specs]
+        self.table_dims: List[int] = [int(s[1]) for s in specs]
+        num_tables = len(specs)
+        self.feature_table_map: List[int] = (
+            list(range(num_tables)) if feature_table_map is None else [int(t) for t in feature_table_map]
+        )
+        bad = [t for t in self.feature_table_map if not 0 <= t < num_tables]
+        if not self.feature_table_map or bad:
+            raise ValueError(
+                f"feature_table_map must name tables 0..{num_tables - 1}, got {self.feature_table_map}"
+            )
+        if table_names is not None and len(table_names) != num_tables:
+            raise ValueError(f"table_names has {len(table_names)} names for {num_tables} tables")
+        self.table_names = list(table_names) if table_names is not None else None
+        for name, dtype in (
+            ("embedding_table_index_type", embedding_table_index_type),
+            ("embedding_table_offset_type", embedding_table_offset_type),
+        ):
+            if dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name} must be torch.int32 or torch.int64, got {dtype}")
+
+        self.weights_precision = _dtype_of(weights_precision, "weights_precision")
+        self.output_dtype = _dtype_of(output_dtype, "output_dtype")
+        self.pooling_mode = Pooling[self._member(pooling_mode, "pooling_mode", Pooling)]
+        self.bounds_check_mode = BoundsCheck[
+            self._member(bounds_check_mode, "bounds_check_mode", BoundsCheck)
+        ]
+        self.optimizer = self._member(optimizer, "optimizer", _OPTIMIZER_STATE)
+        self.weight_decay_mode = self._member(weight_decay_mode, "weight_decay_mode", _WEIGHT_DECAY_MODES)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        # fp32 on the host, as FBGEMM keeps it: get_learning_rate() reads back the fp32
+        # value, and the fused backward passes it to kernels as a runtime scalar.
+        self.learning_rate_tensor = torch.tensor(float(learning_rate), dtype=torch.float32)
+        self.optimizer_args = {
+            "eps": float(eps),
+            "weight_decay": float(weight_decay),
+            "beta1": float(beta1),
+            "beta2": float(beta2),
+        }
+
+        # Flat storage: table t's rows back to back from weights_offsets[t] (FBGEMM's
+        # weights_dev / weights_offsets); each table pays for its own D only.
+        sizes = [r * d for r, d in zip(self.table_rows, self.table_dims)]
+        weights_offsets = [0]
+        for s in sizes[:-1]:
+            weights_offsets.append(weights_offsets[-1] + s)
+        self.register_buffer(
+            "weights",
+            torch.zeros(sum(sizes), dtype=self.weights_precision, device=self.device),
+        )
+        self._table_offsets: List[int] = weights_offsets
+        self.register_buffer(
+            "weights_offsets", torch.tensor(weights_offsets, dtype=torch.int64, device=self.device)
+        )
+        self._init_optimizer_state()
+
+        feature_dims = [self.table_dims[t] for t in self.feature_table_map]
+        out_offsets = [0]
+        for d in feature_dims[:-1]:
+            out_offsets.append(out_offsets[-1] + d)
+        meta = torch.zeros(len(feature_dims), 4, dtype=torch.int64)
+        for f, t in enumerate(self.feature_table_map):
+            meta[f, META_WEIGHT_OFFSET] = weights_offsets[t]
+            meta[f, META_ROWS] = self.table_rows[t]
+            meta[f, META_DIM] = self.table_dims[t]
+            meta[f, META_OUT_OFFSET] = out_offsets[f]
+        self.register_buffer("feature_meta", meta.to(self.device), persistent=False)
+        self.feature_dims: List[int] = feature_dims
+        self.D_offsets: List[int] = out_offsets + [out_offsets[-1] + feature_dims[-1]]
+        self._align = vector_alignment(self.table_dims, self.weights.element_size())
+        # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
+        self.register_buffer("bounds_check_status", new_status(self.device), persistent=False)
+
+    # ----------------------------------------------------------------- construction
+
+    @staticmethod
+    def _reject_unsupported(kwargs: Dict[str, Any]) -> None:
+        for name, value in kwargs.items():
+            if name in _CACHE_ARGS:
+                continue
+            if name not in _INERT_FBGEMM_ARGS:
+                raise TypeError(f"TritonTableBatchedEmbeddingBags got an unexpected argument {name!r}")
+            default = _INERT_FBGEMM_ARGS[name]
+            if value is not default and value != default:
+                raise NotImplementedError(
+                    f"TritonTableBatchedEmbeddingBags does not support {name}={value!r} "
+                    f"(only FBGEMM's default {default!r})"
+                )
+
+    @staticmethod
+    def _member(value: Any, what: str, allowed) -> str:
+        name = _enum_name(value, what)
+        names = list(allowed.__members__) if isinstance(allowed, type) else list(allowed)
+        if name not in names:
+            raise NotImplementedError(f"{what}={name} is not supported; supported: {', '.join(names)}")
+        return name
+
+    def _check_location(self, table: int, location: str) -> None:
+        ok = {"cuda": ("DEVICE",), "cpu": ("HOST", "DEVICE")}[self.device.type]
+        if location not in ok:
+            raise NotImplementedError(
+                f"embedding_specs[{table}]: EmbeddingLocation.{location} is not supported on "
+                f"{self.device.type} (supported: {', '.join(ok)}); UVM and caching are not implemented"
+            )
+
+    def _init_optimizer_state(self) -> None:
+        """Optimizer state in fp32, flat with per-table offsets, as the fused backward updates it."""
+        m1, m2, has_step = _OPTIMIZER_STATE[self.optimizer]
+        for name, kind in (("momentum1", m1), ("momentum2", m2)):
+            if kind is None:
+                continue
+            per_table = [r if kind == "row" else r * d for r, d in zip(self.table_rows, self.table_dims)]
+            offsets = [0]
+            for s in per_table[:-1]:
+                offsets.append(offsets[-1] + s)
+            self.register_buffer(name, torch.zeros(sum(per_table), dtype=torch.float32, device=self.device))
+            self.register_buffer(
+                f"{name}_offsets", torch.tensor(offsets, dtype=torch.int64, device=self.device)
+            )
+        if has_step:
+            self.register_buffer("iter", torch.zeros(1, dtype=torch.int64, device=self.device))
+
+    # ------------------------------------------------------------------ weights
+
+    def split_embedding_weights(self) -> List[torch.Tensor]:
+        """Per-table ``[rows, dim]`` views of the flat weight buffer (writes go through)."""
+        return [
+            self.weights[start : start + rows * dim].view(rows, dim)
+            for start, rows, dim in zip(self._table_offsets, self.table_rows, self.table_dims)
+        ]
+
+    @torch.no_grad()
+    def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
+        """Fills every table with U(min_val, max_val), table by table as FBGEMM does."""
+        for view in self.split_embedding_weights():
+            view.uniform_(min_val, max_val)
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Sets the learning rate of the fused optimizer (a runtime value: nothing recompiles)."""
+        self.learning_rate_tensor.fill_(float(lr))
+
+    def get_learning_rate(self) -> float:
+        return self.learning_rate_tensor.item()
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor] = None,
+        feature_requires_grad: Optional[torch.Tensor] = None,
+        batch_size_per_feature_per_rank: Optional[List[List[int]]] = None,
+        total_unique_indices: Optional[int] = None,
+    ) -> torch.Tensor:
+        """FBGEMM's forward: ``indices`` flat, ``offsets`` of length T*B+1, feature-major.
+
+        Returns ``[B, sum of D]`` pooled, or ``[len(indices), max D]`` for PoolingMode.NONE.
+        """
+        if batch_size_per_feature_per_rank is not None:
+            raise NotImplementedError(
+                "batch_size_per_feature_per_rank (variable batch size per feature) is not supported"
+            )
+        if per_sample_weights is not None and self.pooling_mode == Pooling.NONE:
+            # FBGEMM accepts them here and silently ignores them; we refuse instead.
+            raise ValueError("per_sample_weights are not supported with PoolingMode.NONE")
+        # feature_requires_grad and total_unique_indices only steer FBGEMM's backward and
+        # cache prefetch; they do not change the forward's result.
+        validate_forward_inputs(
+            indices, offsets, per_sample_weights, len(self.feature_table_map), self.device
+        )
+        return tbe_forward_op(
+            self.weights,
+            self.feature_meta,
+            indices,
+            offsets,
+            per_sample_weights,
+            self.bounds_check_status,
+            self.feature_dims,
+            int(self.pooling_mode),
+            int(self.bounds_check_mode),
+            self.output_dtype,
+            self._align,
+        )

@@ -1,0 +1,64 @@
+"""Mode constants and small host-side helpers shared by the TBE ops.
+
+Lives in ``tbe_plugin.ops``: imports torch only. The integer values equal FBGEMM's
+enums of the same names, so a mode crosses the custom-op boundary as a plain int.
+"""
+
+import enum
+
+import torch
+
+
+class Pooling(enum.IntEnum):
+    """How the rows of one bag are combined (FBGEMM ``PoolingMode``)."""
+
+    SUM = 0
+    MEAN = 1
+    NONE = 2
+
+
+class BoundsCheck(enum.IntEnum):
+    """What happens to an out-of-range id or a malformed offsets tensor (FBGEMM ``BoundsCheckMode``).
+
+    FATAL raises a Python exception naming the feature, bag and id (on CUDA too: no
+    device-side assert); WARNING replaces the bad id by row 0 and warns once; IGNORE
+    replaces it silently; NONE trusts the input and checks nothing.
+    """
+
+    FATAL = 0
+    WARNING = 1
+    IGNORE = 2
+    NONE = 3
+
+
+SUPPORTED_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
+
+# Slots of the int64 status vector that the forward kernels fill when they check bounds.
+STATUS_BAD_IDS = 0  # how many ids were out of range
+STATUS_FIRST_BAD_ID_POS = 1  # smallest position (into indices) of such an id
+STATUS_BAD_OFFSETS = 2  # how many bags had offsets out of order or out of range
+STATUS_FIRST_BAD_BAG = 3  # smallest flat bag number (feature * B + bag) among them
+STATUS_LEN = 4
+NO_POSITION = torch.iinfo(torch.int64).max
+
+
+def new_status(device: torch.device) -> torch.Tensor:
+    """A fresh status vector: zero counts, 'no position' for the first-bad slots."""
+    status = torch.zeros(STATUS_LEN, dtype=torch.int64, device=device)
+    status[STATUS_FIRST_BAD_ID_POS] = NO_POSITION
+    status[STATUS_FIRST_BAD_BAG] = NO_POSITION
+    return status
+
+
+def vector_alignment(dims, elem_size: int) -> int:
+    """Largest power of two (in elements, at most 16 bytes) dividing every row length.
+
+    The kernels promise Triton that row starts are multiples of this, so that a row is
+    read with vector loads; tables are packed back to back, so table offsets share it.
+    """
+    align = max(1, 16 // elem_size)
+    while align > 1 and any(d % align for d in dims):
+        align //= 2
+    return align

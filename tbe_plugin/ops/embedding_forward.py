@@ -1,0 +1,381 @@
+"""Table-batched embedding forward: Triton kernels, their launchers and the custom op.
+
+Layout (FBGEMM's convention): the rows of every table live back to back in one flat
+``weights`` buffer; table ``t`` starts at ``weights_offsets[t]`` and row ``r`` of it at
+``weights_offsets[t] + r * D_t``. Features map to tables; ``indices`` holds the ids of all
+bags, feature-major, and bag ``f * B + b`` spans ``indices[offsets[f*B+b] : offsets[f*B+b+1]]``.
+
+Per-feature metadata travels as one int64 tensor ``feature_meta[F, 4]`` with columns
+(weight offset, rows, D, output column offset). Pooled outputs are ``[B, sum of D]``;
+unpooled (``Pooling.NONE``) outputs are ``[len(indices), max D]``, one row per id.
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tbe_plugin.ops.bounds import report_bounds
+from tbe_plugin.ops.common import (
+    NO_POSITION,
+    STATUS_BAD_IDS,
+    STATUS_BAD_OFFSETS,
+    STATUS_FIRST_BAD_BAG,
+    STATUS_FIRST_BAD_ID_POS,
+    BoundsCheck,
+    Pooling,
+)
+
+META_WEIGHT_OFFSET, META_ROWS, META_DIM, META_OUT_OFFSET = range(4)
+META_COLS = 4
+
+# Triton reads module globals only as constexpr.
+_META_WEIGHT_OFFSET = tl.constexpr(META_WEIGHT_OFFSET)
+_META_ROWS = tl.constexpr(META_ROWS)
+_META_DIM = tl.constexpr(META_DIM)
+_META_OUT_OFFSET = tl.constexpr(META_OUT_OFFSET)
+_META_COLS = tl.constexpr(META_COLS)
+_NO_POSITION = tl.constexpr(NO_POSITION)
+_STATUS_BAD_IDS = tl.constexpr(STATUS_BAD_IDS)
+_STATUS_FIRST_BAD_ID_POS = tl.constexpr(STATUS_FIRST_BAD_ID_POS)
+_STATUS_BAD_OFFSETS = tl.constexpr(STATUS_BAD_OFFSETS)
+_STATUS_FIRST_BAD_BAG = tl.constexpr(STATUS_FIRST_BAD_BAG)
+
+
+@triton.jit
+def _checked_bag_bounds(
+    offsets_ptr, bag, bag_mask, num_indices, total_bags, status_ptr, CHECK: tl.constexpr
+):
+    """Start and end of each bag; with CHECK, clamped into [0, num_indices] and ordered.
+
+    A bag whose offsets are out of range or decreasing (or, for the last bag, whose end
+    is not ``num_indices``) is counted in the status vector and read as its clamped range.
+    """
+    start = tl.load(offsets_ptr + bag, mask=bag_mask, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + bag + 1, mask=bag_mask, other=0).to(tl.int64)
+    if CHECK:
+        bad = (start < 0) | (end < start) | (end > num_indices)
+        bad = bag_mask & (bad | ((bag == total_bags - 1) & (end != num_indices)))
+        n_bad = tl.sum(bad.to(tl.int32), axis=0)
+        if n_bad > 0:
+            tl.atomic_add(status_ptr + _STATUS_BAD_OFFSETS, n_bad.to(tl.int64))
+            first = tl.min(tl.where(bad, bag, _NO_POSITION), axis=0)
+            tl.atomic_min(status_ptr + _STATUS_FIRST_BAD_BAG, first)
+        # FBGEMM's repair: the last bag ends at num_indices, every start is clamped
+        # into [0, N] and every end into [start, N]. (FBGEMM repairs sequentially, so
+        # after a *decreasing* offset its later bags can differ from this per-bag
+        # repair; both warn, and FATAL raises.)
+        end = tl.where(bag == total_bags - 1, num_indices, end)
+        start = tl.minimum(tl.maximum(start, 0), num_indices)
+        end = tl.minimum(tl.maximum(end, start), num_indices)
+    return start, end
+
+
+@triton.jit
+def _checked_ids(indices_ptr, pos, mask, rows, status_ptr, CHECK: tl.constexpr):
+    """Ids at ``pos`` as int64; with CHECK, an id outside [0, rows) is counted and read as 0."""
+    ids = tl.load(indices_ptr + pos, mask=mask, other=0).to(tl.int64)
+    if CHECK:
+        bad = mask & ((ids < 0) | (ids >= rows))
+        n_bad = tl.sum(bad.to(tl.int32))
+        if n_bad > 0:
+            tl.atomic_add(status_ptr + _STATUS_BAD_IDS, n_bad.to(tl.int64))
+            first = tl.min(tl.where(bad, pos, _NO_POSITION))
+            tl.atomic_min(status_ptr + _STATUS_FIRST_BAD_ID_POS, first)
+        ids = tl.where(bad, 0, ids)
+    return ids
+
+
+@triton.jit
+def _pooled_forward_kernel(
+    weights_ptr,
+    feature_meta_ptr,
+    work_ptr,  # [num_work, 2]: (feature, first column of this D-chunk)
+    indices_ptr,
+    offsets_ptr,
+    per_sample_weights_ptr,
+    out_ptr,
+    status_ptr,
+    B,
+    total_bags,
+    num_indices,
+    out_stride,
+    MEAN: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    CHECK: tl.constexpr,
+    ALIGN: tl.constexpr,  # every row start is a multiple of ALIGN elements
+    BAGS: tl.constexpr,  # bags per program
+    BLOCK_L: tl.constexpr,  # ids per bag read per step
+    BLOCK_D: tl.constexpr,  # columns per program
+):
+    pid_bag = tl.program_id(0)
+    pid_work = tl.program_id(1)
+    feature = tl.load(work_ptr + 2 * pid_work)
+    d_start = tl.load(work_ptr + 2 * pid_work + 1)
+    meta = feature_meta_ptr + feature * _META_COLS
+    weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
+    rows = tl.load(meta + _META_ROWS)
+    dim = tl.load(meta + _META_DIM)
+    out_col = tl.load(meta + _META_OUT_OFFSET) + d_start
+
+    b = pid_bag * BAGS + tl.arange(0, BAGS)
+    b_mask = b < B
+    bag = feature * B + b
+    start, end = _checked_bag_bounds(
+        offsets_ptr, bag, b_mask, num_indices, total_bags, status_ptr, CHECK
+    )
+    length = end - start
+    max_len = tl.max(length, axis=0)
+
+    cols = d_start + tl.arange(0, BLOCK_D)
+    col_mask = cols < dim
+    acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+    for l0 in range(0, max_len, BLOCK_L):
+        l = l0 + tl.arange(0, BLOCK_L)
+        slot_mask = l[None, :] < length[:, None]  # [BAGS, BLOCK_L]
+        pos = start[:, None] + l[None, :]
+        ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
+        # Written as a multiple of ALIGN so that Triton can prove row starts aligned
+        # and read rows with vector loads.
+        row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
+        ptrs = weights_ptr + row_start[:, :, None] + cols[None, None, :]
+        vals = tl.load(
+            ptrs, mask=slot_mask[:, :, None] & col_mask[None, None, :], other=0.0
+        ).to(tl.float32)
+        if WEIGHTED:
+            w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
+            vals = vals * w.to(tl.float32)[:, :, None]
+        acc += tl.sum(vals, axis=1)
+    if MEAN:
+        inv = tl.where(length > 0, 1.0 / tl.maximum(length, 1).to(tl.float32), 0.0)
+        acc = acc * inv[:, None]
+    out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
+    tl.store(
+        out_ptrs,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=b_mask[:, None] & col_mask[None, :],
+    )
+
+
+@triton.jit
+def _offsets_check_kernel(
+    offsets_ptr, status_ptr, total_bags, num_indices, BLOCK: tl.constexpr
+):
+    """Checks every bag's offsets (the unpooled kernel reads ids, not bags)."""
+    bag = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    _checked_bag_bounds(
+        offsets_ptr, bag, bag < total_bags, num_indices, total_bags, status_ptr, True
+    )
+
+
+@triton.jit
+def _unpooled_forward_kernel(
+    weights_ptr,
+    feature_meta_ptr,
+    indices_ptr,
+    offsets_ptr,
+    per_sample_weights_ptr,
+    out_ptr,
+    status_ptr,
+    B,
+    num_features,
+    num_indices,
+    out_stride,
+    WEIGHTED: tl.constexpr,
+    CHECK: tl.constexpr,
+    ALIGN: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,  # ceil(log2(num_features)) + 1
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One output row per id: the row of its table, times its per-sample weight."""
+    pos = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pos_mask = pos < num_indices
+    # The feature of each id: the last feature whose first offset is <= its position.
+    lo = tl.zeros((BLOCK_N,), dtype=tl.int64)
+    hi = tl.zeros((BLOCK_N,), dtype=tl.int64) + num_features  # exclusive
+    for _ in range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        first = tl.load(offsets_ptr + mid * B, mask=pos_mask & (mid < hi), other=0)
+        go_right = (first.to(tl.int64) <= pos) & (mid < hi)
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
+    feature = tl.maximum(lo - 1, 0)
+    meta = feature_meta_ptr + feature * _META_COLS
+    weight_offset = tl.load(meta + _META_WEIGHT_OFFSET, mask=pos_mask, other=0)
+    rows = tl.load(meta + _META_ROWS, mask=pos_mask, other=1)
+    dim = tl.load(meta + _META_DIM, mask=pos_mask, other=0)
+    ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
+    row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
+    for d0 in range(0, tl.max(dim, axis=0), BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask = pos_mask[:, None] & (cols[None, :] < dim[:, None])
+        vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :], mask=mask, other=0.0)
+        vals = vals.to(tl.float32)
+        if WEIGHTED:
+            w = tl.load(per_sample_weights_ptr + pos, mask=pos_mask, other=0.0)
+            vals = vals * w.to(tl.float32)[:, None]
+        tl.store(
+            out_ptr + pos[:, None].to(tl.int64) * out_stride + cols[None, :],
+            vals.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
+
+
+def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
+    """(BAGS, BLOCK_L, BLOCK_D, num_warps) for a pooled launch, by shape class.
+
+    Each program reads a [BAGS, BLOCK_L, BLOCK_D] tile of rows per step: many short bags
+    per program when bags are short, one bag and a long BLOCK_L when they are long, so
+    that enough loads are in flight either way. Tuned on an H200 (benchmarks/tune).
+    """
+    block_d = min(triton.next_power_of_2(max(max_dim, 1)), 512 // elem_size)
+    block_d = max(block_d, 16)
+    if avg_len <= 2:
+        bags, block_l = 8, 2
+    elif avg_len <= 6:
+        bags, block_l = 4, 4
+    elif avg_len <= 12:
+        bags, block_l = 2, 8
+    else:
+        bags, block_l = 1, 16
+    tile = bags * block_l * block_d
+    num_warps = 8 if tile >= 4096 else (4 if tile >= 1024 else 2)
+    return bags, block_l, block_d, num_warps
+
+
+def build_work_items(dims: torch.Tensor, block_d: int) -> torch.Tensor:
+    """[(feature, first column)] for every BLOCK_D-wide chunk of every feature's row."""
+    items = [
+        (f, d0)
+        for f, d in enumerate(dims.tolist())
+        for d0 in range(0, max(d, 1), block_d)
+    ]
+    return torch.tensor(items, dtype=torch.int64).reshape(-1, 2)
+
+
+def forward_into(
+    out: torch.Tensor,
+    weights: torch.Tensor,
+    feature_meta: torch.Tensor,
+    work_items: Optional[torch.Tensor],
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    status: torch.Tensor,
+    pooling: int,
+    bounds_check: int,
+    align: int,
+    config,
+) -> None:
+    """Launch the forward kernel writing into a preallocated ``out`` (no checks here)."""
+    num_features = feature_meta.shape[0]
+    B = (offsets.numel() - 1) // num_features
+    num_indices = indices.numel()
+    check = bounds_check != BoundsCheck.NONE
+    weighted = per_sample_weights is not None
+    psw = per_sample_weights if weighted else indices  # placeholder pointer, never read
+    if pooling == Pooling.NONE:
+        if check and B > 0:
+            total_bags = num_features * B
+            _offsets_check_kernel[(triton.cdiv(total_bags, 1024),)](
+                offsets, status, total_bags, num_indices, BLOCK=1024
+            )
+        if num_indices == 0:
+            return
+        block_n, block_d, num_warps = config
+        grid = (triton.cdiv(num_indices, block_n),)
+        _unpooled_forward_kernel[grid](
+            weights, feature_meta, indices, offsets, psw, out, status,
+            B, num_features, num_indices, out.stride(0),
+            WEIGHTED=weighted, CHECK=check, ALIGN=align,
+            SEARCH_STEPS=max(1, num_features.bit_length()),
+            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
+        )  # fmt: skip
+        return
+    if B == 0:
+        return
+    bags, block_l, block_d, num_warps = config
+    grid = (triton.cdiv(B, bags), work_items.shape[0])
+    _pooled_forward_kernel[grid](
+        weights, feature_meta, work_items, indices, offsets, psw, out, status,
+        B, num_features * B, num_indices, out.stride(0),
+        MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
+        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=num_warps,
+    )  # fmt: skip
+
+
+def unpooled_launch_config(max_dim: int, elem_size: int):
+    """(BLOCK_N, BLOCK_D, num_warps) for the unpooled kernel: ~8 KB of rows per step."""
+    block_d = max(16, min(triton.next_power_of_2(max(max_dim, 1)), 512 // elem_size))
+    block_n = max(1, min(64, 8192 // (block_d * elem_size)))
+    return block_n, block_d, 4
+
+
+_work_items_cache: Dict[Tuple[Tuple[int, ...], int, torch.device], torch.Tensor] = {}
+
+
+def _work_items(dims: Sequence[int], block_d: int, device: torch.device) -> torch.Tensor:
+    key = (tuple(dims), block_d, device)
+    items = _work_items_cache.get(key)
+    if items is None:
+        items = build_work_items(torch.tensor(list(dims)), block_d).to(device)
+        _work_items_cache[key] = items
+    return items
+
+
+def output_shape(num_indices, num_bags_plus_one, dims: Sequence[int], pooling: int):
+    if pooling == Pooling.NONE:
+        return (num_indices, max(dims))
+    return ((num_bags_plus_one - 1) // len(dims), sum(dims))
+
+
+@torch.library.custom_op("tbe_plugin::tbe_forward", mutates_args=("status",))
+def tbe_forward_op(
+    weights: torch.Tensor,
+    feature_meta: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    status: torch.Tensor,
+    dims: List[int],
+    pooling: int,
+    bounds_check: int,
+    output_dtype: torch.dtype,
+    align: int,
+) -> torch.Tensor:
+    """The forward of a table batch: pooled ``[B, sum(dims)]`` or unpooled ``[N, max(dims)]``.
+
+    ``feature_meta`` is ``[F, 4]`` int64 (weight offset, rows, D, output column) and
+    ``dims`` the per-feature D on the host; inputs are assumed validated
+    (``bounds.validate_forward_inputs``) except for what ``bounds_check`` covers.
+    """
+    shape = output_shape(indices.numel(), offsets.numel(), dims, pooling)
+    # The kernels write every element: each (bag, column) of a pooled output belongs to
+    # exactly one program, and each unpooled row to the program of its id.
+    out = torch.empty(shape, dtype=output_dtype, device=weights.device)
+    elem = weights.element_size()
+    if pooling == Pooling.NONE:
+        config = unpooled_launch_config(max(dims), elem)
+        work = None
+    else:
+        num_bags = shape[0] * len(dims)
+        avg_len = indices.numel() / max(num_bags, 1)
+        config = pooled_launch_config(avg_len, max(dims), elem)
+        work = _work_items(dims, config[2], weights.device)
+    forward_into(
+        out, weights, feature_meta, work, indices, offsets, per_sample_weights,
+        status, pooling, bounds_check, align, config,
+    )  # fmt: skip
+    report_bounds(status, bounds_check, indices, offsets, feature_meta[:, META_ROWS])
+    return out
+
+
+@tbe_forward_op.register_fake
+def _(weights, feature_meta, indices, offsets, per_sample_weights, status, dims,
+      pooling, bounds_check, output_dtype, align):  # fmt: skip
+    shape = output_shape(indices.shape[0], offsets.shape[0], dims, pooling)
+    return weights.new_empty(shape, dtype=output_dtype)

@@ -10,18 +10,20 @@ Lives in ``tbe_plugin.ops``: imports torch only.
 """
 
 import warnings
+import weakref
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
 from tbe_plugin.ops.common import (
-    NO_POSITION,
     STATUS_BAD_IDS,
     STATUS_BAD_OFFSETS,
     STATUS_FIRST_BAD_BAG,
     STATUS_FIRST_BAD_ID_POS,
+    STATUS_WARNED,
     SUPPORTED_INDEX_DTYPES,
     BoundsCheck,
+    new_status,
 )
 
 
@@ -111,24 +113,25 @@ class _DeferredWarning:
     """Pinned copies of status vectors, read one call later so WARNING never syncs."""
 
     def __init__(self) -> None:
-        self.pending: Dict[int, Tuple[torch.Tensor, torch.cuda.Event]] = {}
-        self.warned: set = set()
+        # data_ptr -> (weak reference to the status vector, pinned copy, copy-done event)
+        self.pending: Dict[int, Tuple[weakref.ref, torch.Tensor, torch.cuda.Event]] = {}
 
-    def poll(self, key: int) -> Optional[Sequence[int]]:
+    def poll_and_post(self, status: torch.Tensor) -> Optional[Sequence[int]]:
+        """The values copied at the previous call (None if none or not done); copies now."""
+        key = status.data_ptr()
         entry = self.pending.get(key)
-        if entry is None or not entry[1].query():
-            return None
-        return entry[0].tolist()
-
-    def post(self, key: int, status: torch.Tensor) -> None:
-        if key not in self.pending:
-            if len(self.pending) > 256:  # keys of freed status vectors
+        if entry is None or entry[0]() is not status:
+            if len(self.pending) > 256:  # entries of freed status vectors
                 self.pending.pop(next(iter(self.pending)))
             host = torch.empty_like(status, device="cpu").pin_memory()
-            self.pending[key] = (host, torch.cuda.Event())
-        host, event = self.pending[key]
-        host.copy_(status, non_blocking=True)
-        event.record()
+            entry = (weakref.ref(status), host, torch.cuda.Event())
+            self.pending[key] = entry
+            values = None
+        else:
+            values = entry[1].tolist() if entry[2].query() else None
+        entry[1].copy_(status, non_blocking=True)
+        entry[2].record()
+        return values
 
 
 _deferred = _DeferredWarning()
@@ -148,21 +151,19 @@ def report_bounds(
         values = status.tolist()
         if values[STATUS_BAD_IDS] or values[STATUS_BAD_OFFSETS]:
             message = describe_problems(values, indices, offsets, rows_per_feature)
-            status.copy_(torch.tensor([0, NO_POSITION, 0, NO_POSITION]))
+            status.copy_(new_status(status.device))
             raise BoundsCheckError(f"tbe_plugin bounds check (FATAL): {message}")
         return
-    key = status.data_ptr()
-    if key in _deferred.warned:
-        return
     if status.is_cuda:
-        values = _deferred.poll(key)
-        _deferred.post(key, status)
+        values = _deferred.poll_and_post(status)
         detail = "an earlier batch"
     else:
         values = status.tolist()
         detail = "this batch"
-    if values is not None and (values[STATUS_BAD_IDS] or values[STATUS_BAD_OFFSETS]):
-        _deferred.warned.add(key)
+    if values is None or values[STATUS_WARNED]:
+        return
+    if values[STATUS_BAD_IDS] or values[STATUS_BAD_OFFSETS]:
+        status[STATUS_WARNED] = 1
         warnings.warn(
             f"tbe_plugin bounds check (WARNING) in {detail}: "
             f"{values[STATUS_BAD_IDS]} id(s) out of range were read as row 0 and "

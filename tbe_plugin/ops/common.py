@@ -40,7 +40,8 @@ STATUS_BAD_IDS = 0  # how many ids were out of range
 STATUS_FIRST_BAD_ID_POS = 1  # smallest position (into indices) of such an id
 STATUS_BAD_OFFSETS = 2  # how many bags had offsets out of order or out of range
 STATUS_FIRST_BAD_BAG = 3  # smallest flat bag number (feature * B + bag) among them
-STATUS_LEN = 4
+STATUS_WARNED = 4  # set by the host once WARNING mode has warned for this vector
+STATUS_LEN = 5
 NO_POSITION = torch.iinfo(torch.int64).max
 
 

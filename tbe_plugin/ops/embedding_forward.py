@@ -68,7 +68,7 @@ def _checked_bag_bounds(
         # into [0, N] and every end into [start, N]. (FBGEMM repairs sequentially, so
         # after a *decreasing* offset its later bags can differ from this per-bag
         # repair; both warn, and FATAL raises.)
-        end = tl.where(bag == total_bags - 1, num_indices, end)
+        end = tl.where(bag_mask & (bag == total_bags - 1), num_indices, end)
         start = tl.minimum(tl.maximum(start, 0), num_indices)
         end = tl.minimum(tl.maximum(end, start), num_indices)
     return start, end
@@ -165,7 +165,7 @@ def _offsets_check_kernel(
     offsets_ptr, status_ptr, total_bags, num_indices, BLOCK: tl.constexpr
 ):
     """Checks every bag's offsets (the unpooled kernel reads ids, not bags)."""
-    bag = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    bag = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     _checked_bag_bounds(
         offsets_ptr, bag, bag < total_bags, num_indices, total_bags, status_ptr, True
     )
@@ -184,6 +184,7 @@ def _unpooled_forward_kernel(
     num_features,
     num_indices,
     out_stride,
+    out_width,
     WEIGHTED: tl.constexpr,
     CHECK: tl.constexpr,
     ALIGN: tl.constexpr,
@@ -192,7 +193,7 @@ def _unpooled_forward_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """One output row per id: the row of its table, times its per-sample weight."""
-    pos = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     pos_mask = pos < num_indices
     # The feature of each id: the last feature whose first offset is <= its position.
     lo = tl.zeros((BLOCK_N,), dtype=tl.int64)
@@ -210,7 +211,8 @@ def _unpooled_forward_kernel(
     dim = tl.load(meta + _META_DIM, mask=pos_mask, other=0)
     ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
     row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
-    for d0 in range(0, tl.max(dim, axis=0), BLOCK_D):
+    # Columns past a narrow table's D are written as zeros, up to the output's width.
+    for d0 in range(0, out_width, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         mask = pos_mask[:, None] & (cols[None, :] < dim[:, None])
         vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :], mask=mask, other=0.0)
@@ -221,7 +223,7 @@ def _unpooled_forward_kernel(
         tl.store(
             out_ptr + pos[:, None].to(tl.int64) * out_stride + cols[None, :],
             vals.to(out_ptr.dtype.element_ty),
-            mask=mask,
+            mask=pos_mask[:, None] & (cols[None, :] < out_width),
         )
 
 
@@ -290,7 +292,7 @@ def forward_into(
         grid = (triton.cdiv(num_indices, block_n),)
         _unpooled_forward_kernel[grid](
             weights, feature_meta, indices, offsets, psw, out, status,
-            B, num_features, num_indices, out.stride(0),
+            B, num_features, num_indices, out.stride(0), out.shape[1],
             WEIGHTED=weighted, CHECK=check, ALIGN=align,
             SEARCH_STEPS=max(1, num_features.bit_length()),
             BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,

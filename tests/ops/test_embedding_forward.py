@@ -1,0 +1,165 @@
+"""Forward kernels vs the pure-PyTorch reference (CPU, Triton interpreter, small shapes)."""
+
+import pytest
+import torch
+
+from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.ops.common import Pooling
+from tbe_plugin.ops.reference import tbe_forward_reference
+from tests.helpers import assert_tbe_close, make_bags
+
+# Mixed dims, one not a power of two and one not a multiple of 4; feature 3 shares table 1.
+SPECS = [(23, 8), (17, 12), (9, 36), (30, 5)]
+FEATURE_TABLE_MAP = [0, 1, 2, 1, 3]
+MAX_LEN = 5
+
+
+def build(weights_dtype=torch.float32, output_dtype=torch.float32, pooling="SUM", specs=SPECS,
+          feature_table_map=FEATURE_TABLE_MAP, **kwargs):  # fmt: skip
+    names = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16"}
+    emb = TritonTableBatchedEmbeddingBags(
+        specs,
+        feature_table_map=feature_table_map,
+        weights_precision=names[weights_dtype],
+        output_dtype=names[output_dtype],
+        pooling_mode=pooling,
+        device="cpu",
+        **kwargs,
+    )
+    torch.manual_seed(0)
+    emb.init_embedding_weights_uniform(-1.0, 1.0)
+    return emb
+
+
+def rows_of(emb):
+    return [emb.table_rows[t] for t in emb.feature_table_map]
+
+
+def reference(emb, indices, offsets, psw=None, upcast=True):
+    return tbe_forward_reference(
+        emb.split_embedding_weights(), emb.feature_table_map, indices, offsets, psw,
+        pooling=int(emb.pooling_mode), output_dtype=emb.output_dtype, upcast=upcast,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN", "NONE"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_forward_matches_reference(pooling, weighted, weights_dtype, index_dtype):
+    if pooling == "NONE" and weighted:
+        pytest.skip("per-sample weights are refused with PoolingMode.NONE (tested below)")
+    emb = build(weights_dtype, pooling=pooling)
+    indices, offsets = make_bags(rows_of(emb), B=3, max_len=MAX_LEN, index_dtype=index_dtype,
+                                 seed=1, hot_fraction=0.3)  # fmt: skip
+    psw = torch.rand(indices.numel()) if weighted else None
+    out = emb(indices, offsets, psw)
+    assert_tbe_close(out, reference(emb, indices, offsets, psw), MAX_LEN)
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("output_dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_outputs(weights_dtype, output_dtype):
+    emb = build(weights_dtype, output_dtype)
+    indices, offsets = make_bags(rows_of(emb), B=4, max_len=MAX_LEN, seed=2)
+    out = emb(indices, offsets)
+    expected = reference(emb, indices, offsets)
+    lowp = reference(emb, indices, offsets, upcast=False)
+    assert_tbe_close(out, expected, MAX_LEN, lowp_reference=lowp)
+
+
+def test_fp32_accumulation_beats_low_precision_sum():
+    """A long fp16 bag: fp32 accumulation stays within one output rounding of exact."""
+    emb = build(torch.float16, torch.float32, specs=[(4, 8)], feature_table_map=[0])
+    indices = torch.zeros(200, dtype=torch.int64)
+    offsets = torch.tensor([0, 200])
+    out = emb(indices, offsets)
+    exact = emb.split_embedding_weights()[0][0].double() * 200
+    assert (out[0].double() - exact).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN", "NONE"])
+def test_empty_inputs(pooling):
+    emb = build(pooling=pooling)
+    F = len(FEATURE_TABLE_MAP)
+    # B = 0: offsets holds only the end.
+    out = emb(torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    assert out.shape == ((0, sum(emb.feature_dims)) if pooling != "NONE" else (0, 36))
+    # B = 2, every bag empty: zeros (MEAN of an empty bag is zero).
+    out = emb(torch.zeros(0, dtype=torch.int64), torch.zeros(F * 2 + 1, dtype=torch.int64))
+    if pooling == "NONE":
+        assert out.shape == (0, 36)
+    else:
+        assert out.shape == (2, sum(emb.feature_dims))
+        assert torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_batch_of_one_long_bags_and_features_without_lookups(pooling):
+    emb = build(pooling=pooling)
+    indices, offsets = make_bags(rows_of(emb), B=1, max_len=40, seed=3, empty_features=[1, 4])
+    out = emb(indices, offsets)
+    assert_tbe_close(out, reference(emb, indices, offsets), 40)
+    cols = emb.D_offsets
+    assert torch.count_nonzero(out[:, cols[1] : cols[2]]) == 0
+
+
+def test_single_table_single_feature_dim_one():
+    emb = build(specs=[(7, 1)], feature_table_map=[0])
+    indices, offsets = make_bags([7], B=5, max_len=3, seed=4)
+    assert_tbe_close(emb(indices, offsets), reference(emb, indices, offsets), 3)
+
+
+def test_mixed_index_and_offset_dtypes():
+    emb = build()
+    indices, offsets = make_bags(rows_of(emb), B=2, max_len=MAX_LEN, seed=5)
+    expected = reference(emb, indices, offsets)
+    assert_tbe_close(emb(indices.int(), offsets.long()), expected, MAX_LEN)
+    assert_tbe_close(emb(indices.long(), offsets.int()), expected, MAX_LEN)
+
+
+def test_all_ids_hot():
+    emb = build()
+    F = len(FEATURE_TABLE_MAP)
+    lengths = torch.full((F * 3,), 6)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    indices = torch.full((int(lengths.sum()),), 2, dtype=torch.int64)
+    assert_tbe_close(emb(indices, offsets), reference(emb, indices, offsets), 6)
+
+
+def test_weighted_mean_divides_by_length_not_weight_sum():
+    emb = build(pooling="MEAN", specs=[(4, 4)], feature_table_map=[0])
+    with torch.no_grad():
+        emb.split_embedding_weights()[0].copy_(torch.arange(16.0).view(4, 4))
+    out = emb(torch.tensor([1, 2]), torch.tensor([0, 2]), torch.tensor([1.0, 2.0]))
+    expected = (torch.arange(4.0, 8.0) * 1 + torch.arange(8.0, 12.0) * 2) / 2
+    torch.testing.assert_close(out[0], expected)
+
+
+def test_unpooled_pads_narrow_tables_with_zeros():
+    emb = build(pooling="NONE")
+    indices, offsets = make_bags(rows_of(emb), B=2, max_len=3, seed=6)
+    out = emb(indices, offsets)
+    assert out.shape == (indices.numel(), max(d for _, d in SPECS))
+    assert_tbe_close(out, reference(emb, indices, offsets), 1)
+    if Pooling.NONE == emb.pooling_mode:
+        with pytest.raises(ValueError, match="per_sample_weights"):
+            emb(indices, offsets, torch.ones(indices.numel()))
+
+
+def test_compiles_fullgraph():
+    emb = build()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+
+        def forward(self, indices, offsets, psw):
+            return self.emb(indices, offsets, psw).sum(dim=1) * 2
+
+    model = Model()
+    indices, offsets = make_bags(rows_of(emb), B=3, max_len=MAX_LEN, seed=7)
+    psw = torch.rand(indices.numel())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(indices, offsets, psw), model(indices, offsets, psw))

@@ -1,0 +1,170 @@
+"""Ours vs FBGEMM's TBE on the same weights and inputs: CPU TBE here, CUDA TBE on the device.
+
+FBGEMM's CPU TBE serves FP32/FP16 weights, FP32/FP16 outputs and needs D % 4 == 0;
+PoolingMode.NONE needs one D for all tables. The GPU tests cover the larger shapes.
+"""
+
+import logging
+
+import pytest
+import torch
+
+logging.getLogger().setLevel(logging.ERROR)  # fbgemm-gpu 1.6 logs a version note many times
+fbgemm_training = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_training")
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType  # noqa: E402
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (  # noqa: E402
+    BoundsCheckMode,
+    EmbeddingLocation,
+    PoolingMode,
+)
+
+from tbe_plugin import TritonTableBatchedEmbeddingBags  # noqa: E402
+from tests.helpers import assert_tbe_close, make_bags  # noqa: E402
+
+ComputeDevice = fbgemm_training.ComputeDevice
+SplitTBE = fbgemm_training.SplitTableBatchedEmbeddingBagsCodegen
+_SPARSE = {torch.float32: SparseType.FP32, torch.float16: SparseType.FP16, torch.bfloat16: SparseType.BF16}
+
+
+def make_pair(dims, rows, device, weights_dtype=torch.float32, output_dtype=torch.float32,
+              pooling=PoolingMode.SUM, feature_table_map=None, bounds=BoundsCheckMode.WARNING):  # fmt: skip
+    """FBGEMM's TBE and ours, built with the same arguments, ours holding FBGEMM's weights."""
+    on_cpu = device == "cpu"
+    location = EmbeddingLocation.HOST if on_cpu else EmbeddingLocation.DEVICE
+    compute = ComputeDevice.CPU if on_cpu else ComputeDevice.CUDA
+    specs = [(r, d, location, compute) for r, d in zip(rows, dims)]
+    kwargs = dict(
+        feature_table_map=feature_table_map,
+        weights_precision=_SPARSE[weights_dtype],
+        output_dtype=_SPARSE[output_dtype],
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        pooling_mode=pooling,
+        bounds_check_mode=bounds,
+    )
+    torch.manual_seed(0)
+    fbgemm = SplitTBE(specs, **kwargs)
+    fbgemm.init_embedding_weights_uniform(-0.5, 0.5)
+    ours = TritonTableBatchedEmbeddingBags(specs, **kwargs)
+    with torch.no_grad():
+        for mine, theirs in zip(ours.split_embedding_weights(), fbgemm.split_embedding_weights()):
+            mine.copy_(theirs)
+    return fbgemm, ours
+
+
+def feature_rows(module, rows):
+    ftm = module.feature_table_map
+    return [rows[t] for t in ftm]
+
+
+@pytest.mark.parametrize("pooling", [PoolingMode.SUM, PoolingMode.MEAN])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_pooled_matches_fbgemm_cpu(pooling, weighted, weights_dtype, index_dtype):
+    dims, rows = [4, 12, 8, 20], [30, 11, 17, 25]
+    fbgemm, ours = make_pair(dims, rows, "cpu", weights_dtype, pooling=pooling,
+                             feature_table_map=[0, 1, 2, 3, 1])  # fmt: skip
+    indices, offsets = make_bags(feature_rows(ours, rows), B=4, max_len=6, index_dtype=index_dtype,
+                                 seed=21, hot_fraction=0.25)  # fmt: skip
+    psw = torch.rand(indices.numel()) if weighted else None
+    expected = fbgemm(indices.clone(), offsets.clone(), psw)
+    assert_tbe_close(ours(indices, offsets, psw), expected, 6)
+
+
+def test_unpooled_and_fp16_output_match_fbgemm_cpu():
+    fbgemm, ours = make_pair([8, 8], [13, 21], "cpu", pooling=PoolingMode.NONE)
+    indices, offsets = make_bags(feature_rows(ours, [13, 21]), B=3, max_len=4, seed=22)
+    assert_tbe_close(ours(indices, offsets), fbgemm(indices.clone(), offsets.clone()), 1)
+    fbgemm, ours = make_pair([8, 12], [13, 21], "cpu", output_dtype=torch.float16)
+    indices, offsets = make_bags(feature_rows(ours, [13, 21]), B=3, max_len=4, seed=23)
+    assert_tbe_close(ours(indices, offsets), fbgemm(indices.clone(), offsets.clone()), 4)
+
+
+def test_bad_ids_and_offsets_repaired_as_fbgemm_cpu():
+    fbgemm, ours = make_pair([4, 8], [10, 6], "cpu", bounds=BoundsCheckMode.IGNORE)
+    indices = torch.tensor([1, 12, 3, -2, 5, 7, 2, 9, 0])
+    offsets = torch.tensor([0, 2, 4, 6, 10])  # last offset past len(indices)
+    expected = fbgemm(indices.clone(), offsets.clone())
+    assert_tbe_close(ours(indices, offsets), expected, 4)
+
+
+def test_init_uniform_draws_the_same_weights_as_fbgemm():
+    specs = [(50, 8, EmbeddingLocation.HOST, ComputeDevice.CPU), (20, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)]
+    torch.manual_seed(5)
+    fbgemm = SplitTBE(specs)
+    fbgemm.init_embedding_weights_uniform(-0.1, 0.1)
+    torch.manual_seed(5)
+    ours = TritonTableBatchedEmbeddingBags(specs)
+    ours.init_embedding_weights_uniform(-0.1, 0.1)
+    for a, b in zip(ours.split_embedding_weights(), fbgemm.split_embedding_weights()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    ours.set_learning_rate(0.01)
+    fbgemm.set_learning_rate(0.01)
+    assert ours.get_learning_rate() == fbgemm.get_learning_rate()
+
+
+# ------------------------------------------------------------------------- GPU
+
+
+def zipf_bags(rows, B, L, alpha, seed, index_dtype):
+    g = torch.Generator().manual_seed(seed)
+    F = len(rows)
+    ranks = torch.distributions.Pareto(1.0, alpha - 1.0).sample((F * B * L,)).long() - 1
+    ids = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(F)])
+    perm = torch.randperm(max(rows), generator=g)
+    ids = torch.cat([perm[ids[f * B * L : (f + 1) * B * L]] % rows[f] for f in range(F)])
+    offsets = torch.arange(0, F * B * L + 1, L)
+    return ids.to(index_dtype).cuda(), offsets.to(index_dtype).cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pooling", [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_matches_fbgemm_cuda(pooling, weighted, weights_dtype, index_dtype):
+    if pooling == PoolingMode.NONE and weighted:
+        pytest.skip("FBGEMM ignores per-sample weights with NONE; we refuse them")
+    dims = [128] * 6 if pooling == PoolingMode.NONE else [64, 128, 256, 96, 32, 128]
+    rows = [100_000, 50_000, 20_000, 100_000, 1000, 7]
+    fbgemm, ours = make_pair(dims, rows, "cuda", weights_dtype, pooling=pooling)
+    indices, offsets = make_bags(rows, B=512, max_len=40, index_dtype=index_dtype, seed=31,
+                                 hot_fraction=0.1, device="cuda")  # fmt: skip
+    psw = torch.rand(indices.numel(), device="cuda") if weighted else None
+    expected = fbgemm(indices.clone(), offsets.clone(), psw)
+    assert_tbe_close(ours(indices, offsets, psw), expected, 40)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, L", [(65536, 20), (1, 1000), (4096, 1)])
+def test_matches_fbgemm_cuda_large_and_zipf(B, L):
+    rows = [1_000_000, 500_000, 100]
+    fbgemm, ours = make_pair([128, 64, 32], rows, "cuda")
+    indices, offsets = zipf_bags(rows, B, L, alpha=1.15, seed=32, index_dtype=torch.int64)
+    expected = fbgemm(indices.clone(), offsets.clone())
+    assert_tbe_close(ours(indices, offsets), expected, L)
+
+
+@pytest.mark.gpu
+def test_fatal_on_cuda_raises_and_leaves_the_context_usable():
+    from tbe_plugin import BoundsCheckError
+
+    fbgemm, ours = make_pair([16, 16], [100, 50], "cuda", bounds=BoundsCheckMode.FATAL)
+    indices, offsets = make_bags([100, 50], B=64, max_len=8, seed=33, device="cuda")
+    bad = indices.clone()
+    bad[-1] = 50
+    with pytest.raises(BoundsCheckError, match="id 50 at indices"):
+        ours(bad, offsets)
+    torch.cuda.synchronize()  # no device-side assert: the context still works
+    assert_tbe_close(ours(indices, offsets), fbgemm(indices.clone(), offsets.clone()), 8)
+
+
+@pytest.mark.gpu
+def test_bf16_weights_on_cuda_match_reference():
+    from tbe_plugin.ops.reference import tbe_forward_reference
+
+    ours = TritonTableBatchedEmbeddingBags([(10_000, 128), (5000, 64)], weights_precision="BF16", device="cuda")
+    ours.init_embedding_weights_uniform(-1, 1)
+    indices, offsets = make_bags([10_000, 5000], B=1024, max_len=30, seed=34, device="cuda")
+    expected = tbe_forward_reference(ours.split_embedding_weights(), [0, 1], indices.cpu(), offsets.cpu())
+    assert_tbe_close(ours(indices, offsets), expected.cuda(), 30)

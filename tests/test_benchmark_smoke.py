@@ -78,6 +78,7 @@ def test_ours_matches_fbgemm(smoke_run):
             assert "fbgemm/ours" in entry["ratios"]
         assert ours["matches"], (entry["name"], ours["max_abs_diff"])
         assert entry["providers"]["torch"]["matches"], entry["name"]
+    assert report["mismatches"] == []
     assert "MISMATCH" not in markdown
 
 

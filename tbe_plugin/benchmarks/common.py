@@ -114,6 +114,15 @@ class InputBatch:
     per_sample_weights: torch.Tensor | None
 
 
+class _WarningCollector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage().splitlines()[0][:200])
+
+
 def _fbgemm_generate_requests() -> Callable | None:
     try:
         from fbgemm_gpu.tbe.utils.requests import generate_requests
@@ -164,11 +173,21 @@ def generate_batches(
     generate_requests = _fbgemm_generate_requests()
     raw, source = None, "numpy (uniform, or zipf(alpha) - 1 mod E), ids sorted per bag"
     if generate_requests is not None:
+        # FBGEMM logs (and silently falls back to uniform ids) when a Zipf draw is too
+        # skewed to fill a bag with distinct ids: catch that warning and report it.
+        warnings = _WarningCollector()
+        root = logging.getLogger()
+        root.addHandler(warnings)
+        root.setLevel(logging.WARNING)
         try:
             raw = _batches_from_fbgemm(generate_requests, cfg, num_batches, device)
             source = "fbgemm_gpu.tbe.utils.requests.generate_requests"
+            source += "".join(f" (fbgemm warned: {m})" for m in warnings.messages[:2])
         except Exception as error:  # e.g. an older signature: fall back, and say so
             source += f" (fbgemm generator failed: {type(error).__name__}: {error})"
+        finally:
+            root.removeHandler(warnings)
+            silence_fbgemm_logging()
     if raw is None:
         raw = _batches_from_numpy(cfg, num_batches, seed)
     index_dtype = INDEX_DTYPES[cfg.index_dtype]
@@ -216,6 +235,18 @@ def forward_bytes(cfg: TBEConfig, batch: InputBatch, output_dtype=torch.float32)
     }
     fbgemm_formula = cfg.B * sum(cfg.dims) * (cfg.L * weight_size + out_size)
     return {"total": sum(parts.values()), **parts, "fbgemm_formula_bytes": fbgemm_formula}
+
+
+@torch.no_grad()
+def distinct_row_fraction(cfg: TBEConfig, batch: InputBatch) -> float:
+    """Distinct (table, row) pairs / lookups: near 1 for uniform ids over big tables,
+    low for hot rows, which the cache serves though the byte count includes them."""
+    bounds = batch.offsets[:: cfg.B]
+    lookups_per_table = (bounds[1:] - bounds[:-1]).to(torch.int64)
+    tables = torch.arange(cfg.T, device=batch.indices.device)
+    table_of_lookup = torch.repeat_interleave(tables, lookups_per_table)
+    rows = batch.indices.to(torch.int64) + table_of_lookup * cfg.E
+    return torch.unique(rows).numel() / max(rows.numel(), 1)
 
 
 def synchronize(device: torch.device) -> None:

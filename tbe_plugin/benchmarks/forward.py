@@ -19,7 +19,7 @@ import torch
 
 from tbe_plugin.benchmarks.common import (
     FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_,
-    fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches, geomean,
+    distinct_row_fraction, fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches, geomean,
     markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match,
     silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
 )
@@ -193,6 +193,8 @@ def _check_outputs(cfg, providers, unavailable, batch) -> tuple[dict, str]:
         except Exception as error:
             unavailable[name] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
             del providers[name]
+    if not outputs:
+        return {}, "none"
     if FBGEMM in outputs:
         reference_name, reference = FBGEMM, outputs[FBGEMM]
     else:
@@ -230,12 +232,11 @@ def run_config(cfg: TBEConfig, args, device: torch.device, copy_tbps: float) -> 
     for slow, fast in ratio_pairs(args.self_check):
         if results.get(slow, {}).get("status") == "ok" and results.get(fast, {}).get("status") == "ok":
             ratios[f"{slow}/{fast}"] = results[slow]["median_ms"] / results[fast]["median_ms"]
-    ids = batches[0].indices
-    distinct = torch.unique(ids).numel() / max(ids.numel(), 1)
+    distinct = distinct_row_fraction(cfg, batches[0])
     del providers, calls, batches
     free_device_memory()
     return {"name": cfg.name, "config": cfg.as_dict(), "input_source": input_source,
-            "distinct_id_fraction": distinct, "bytes": moved, "reference": reference_name,
+            "distinct_row_fraction": distinct, "bytes": moved, "reference": reference_name,
             "providers": results, "ratios": ratios}
 
 
@@ -258,6 +259,9 @@ def render_markdown(report: dict) -> str:
     env, copy_bw = report["environment"], report["copy_bandwidth"]
     names = report["providers"]
     pairs = [f"{a}/{b}" for a, b in report["ratio_pairs"]]
+    sources: dict[str, list[str]] = {}
+    for entry in report["configs"]:
+        sources.setdefault(entry["input_source"], []).append(entry["name"])
     header = [
         "# TBE pooled forward: " + " vs ".join(names),
         "",
@@ -267,18 +271,22 @@ def render_markdown(report: dict) -> str:
         f"- copy bandwidth: {copy_bw['tbps']:.3f} TB/s (device-to-device copy_ of "
         f"{copy_bw['bytes_per_copy'] / 2 / 2**30:.3g} GiB, read + write counted)",
         f"- method: {report['method']}",
+        *(f"- inputs ({', '.join(configs)}): {source}" for source, configs in sources.items()),
         f"- bytes: {FORWARD_BYTES_FORMULA}",
         f"- ratio a/b = median ms of a / median ms of b: > 1 means b is faster. "
         f"max |diff| is against `{FBGEMM}` (or an fp32 torch reference where FBGEMM is n/a).",
+        "- distinct rows = distinct (table, row) pairs / lookups in one request. Repeated rows "
+        "are counted in the bytes at every lookup but mostly come from L2, so hot-row inputs "
+        "(Zipf) can exceed 100% of copy bandwidth.",
         "",
     ]
-    columns = ["config", "shape"] + [f"{n} ms" for n in names] + \
+    columns = ["config", "shape", "distinct rows"] + [f"{n} ms" for n in names] + \
         [f"{n} TB/s (% copy)" for n in names] + pairs + [f"max abs diff ({n})" for n in names if n != FBGEMM]
     rows = []
     for entry in report["configs"]:
         res = entry["providers"]
         ok = {n: res.get(n, {}).get("status") == "ok" for n in names}
-        row = [entry["name"], _describe(entry["config"])]
+        row = [entry["name"], _describe(entry["config"]), f"{entry['distinct_row_fraction']:.0%}"]
         row += [f"{res[n]['median_ms']:.4g}" if ok[n] else "n/a" for n in names]
         row += [f"{res[n]['tbps']:.3g} ({res[n]['pct_copy_bw']:.3g}%)" if ok[n] else "n/a" for n in names]
         row += [f"{entry['ratios'][p]:.3f}" if p in entry["ratios"] else "n/a" for p in pairs]
@@ -292,13 +300,16 @@ def render_markdown(report: dict) -> str:
                 vs = "" if entry["reference"] == FBGEMM else f" vs {entry['reference']}"
                 row.append(f"{res[n]['max_abs_diff']:.2e}{vs}{flag}")
         rows.append(row)
-    rows.append(["geomean", ""] + [""] * (2 * len(names)) +
+    leading = 3 + 2 * len(names)
+    rows.append(["geomean"] + [""] * (leading - 1) +
                 [f"{report['geomean'][p]:.3f}" if report["geomean"].get(p) else "n/a" for p in pairs] +
-                [""] * (len(columns) - 2 - 2 * len(names) - len(pairs)))
+                [""] * (len(columns) - leading - len(pairs)))
     spread = [[e["name"], n, *(f"{e['providers'][n][k]:.4g}" for k in ("p10_ms", "median_ms", "p90_ms"))]
               for e in report["configs"] for n in names if e["providers"].get(n, {}).get("status") == "ok"]
     unavailable = [f"- {e['name']} / {n}: {r['reason']}" for e in report["configs"]
                    for n, r in e["providers"].items() if r["status"] != "ok"]
+    if report["mismatches"]:
+        header += [f"**Output mismatch** (beyond tolerance): {', '.join(report['mismatches'])}", ""]
     parts = header + [markdown_table(columns, rows), "", "## Spread (ms)", "",
                       markdown_table(["config", "provider", "p10", "median", "p90"], spread)]
     if unavailable:
@@ -345,7 +356,10 @@ def main(argv: list[str] | None = None) -> dict:
     if not has_cuda and not args.smoke:
         raise SystemExit("the device suite needs CUDA; use --smoke on CPU")
     if not has_cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+        # Must precede triton's import. `python -m tbe_plugin.benchmarks.forward` imports
+        # the tbe_plugin package first, whose __init__ does the same; this covers main()
+        # being called from elsewhere before tbe_plugin is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     silence_fbgemm_logging()
     device = torch.device("cuda", torch.cuda.current_device()) if has_cuda else torch.device("cpu")
     configs = select_configs(args)
@@ -369,6 +383,10 @@ def main(argv: list[str] | None = None) -> dict:
         report["configs"].append(run_config(cfg, args, device, copy_bw["tbps"]))
     report["geomean"] = {f"{a}/{b}": geomean([e["ratios"].get(f"{a}/{b}") for e in report["configs"]])
                          for a, b in report["ratio_pairs"]}
+    report["mismatches"] = [f"{e['name']}/{n}" for e in report["configs"]
+                            for n, r in e["providers"].items() if r.get("matches") is False]
+    if report["mismatches"]:
+        print(f"[forward] OUTPUT MISMATCH: {', '.join(report['mismatches'])}", file=sys.stderr)
     markdown = render_markdown(report)
     write_report(args.out, "forward", report, markdown)
     print(markdown)

@@ -119,7 +119,7 @@ def _pooled_forward_kernel(
     weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
     rows = tl.load(meta + _META_ROWS)
     dim = tl.load(meta + _META_DIM)
-    out_col = tl.load(meta + _META_OUT_OFFSET) + d_start
+    out_col = tl.load(meta + _META_OUT_OFFSET)
 
     b = pid_bag * BAGS + tl.arange(0, BAGS)
     b_mask = b < B
@@ -133,10 +133,12 @@ def _pooled_forward_kernel(
     cols = d_start + tl.arange(0, BLOCK_D)
     col_mask = cols < dim
     acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+    # Tiles are [BLOCK_L, BAGS, BLOCK_D]: Triton lays threads along D, then warps along
+    # bags, so the sum over a bag's ids stays inside each thread's registers.
     for l0 in range(0, max_len, BLOCK_L):
         l = l0 + tl.arange(0, BLOCK_L)
-        slot_mask = l[None, :] < length[:, None]  # [BAGS, BLOCK_L]
-        pos = start[:, None] + l[None, :]
+        slot_mask = l[:, None] < length[None, :]  # [BLOCK_L, BAGS]
+        pos = start[None, :] + l[:, None]
         ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
         # Written as a multiple of ALIGN so that Triton can prove row starts aligned
         # and read rows with vector loads.
@@ -148,7 +150,7 @@ def _pooled_forward_kernel(
         if WEIGHTED:
             w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
             vals = vals * w.to(tl.float32)[:, :, None]
-        acc += tl.sum(vals, axis=1)
+        acc += tl.sum(vals, axis=0)
     if MEAN:
         inv = tl.where(length > 0, 1.0 / tl.maximum(length, 1).to(tl.float32), 0.0)
         acc = acc * inv[:, None]

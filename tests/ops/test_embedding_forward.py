@@ -163,3 +163,12 @@ def test_compiles_fullgraph():
     psw = torch.rand(indices.numel())
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(indices, offsets, psw), model(indices, offsets, psw))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16])
+def test_rows_wider_than_one_column_block(weights_dtype):
+    """D past the kernel's column block (128 fp32, 256 fp16) is split over programs."""
+    specs = [(11, 300), (7, 160), (5, 8)]
+    emb = build(weights_dtype, specs=specs, feature_table_map=[0, 1, 2, 0])
+    indices, offsets = make_bags(rows_of(emb), B=3, max_len=4, seed=8)
+    assert_tbe_close(emb(indices, offsets), reference(emb, indices, offsets), 4)

@@ -24,6 +24,7 @@ SHAPES = {
     "L20-D128-fp32": (32, 8192, 20, [128], torch.float32, False),
     "L20-D128-fp16": (32, 8192, 20, [128], torch.float16, False),
     "L20-D128-zipf": (32, 8192, 20, [128], torch.float32, True),
+    "L20-D256-fp16": (32, 8192, 20, [256], torch.float16, False),
     "L20-mixedD": (32, 8192, 20, [32, 64, 96, 128, 160, 192, 224, 256], torch.float32, False),
     "L1-D128": (32, 65536, 1, [128], torch.float32, False),
     "L100-D128": (32, 8192, 100, [128], torch.float32, False),
@@ -33,20 +34,19 @@ SHAPES = {
 
 
 def candidates(L: int, max_dim: int, elem: int):
-    """Tiles of 8 to 128 ids (BAGS x BLOCK_L, BLOCK_L no longer than a bag) x warps,
-    at most 256 tile elements per thread."""
+    """One-warp tiles of 8 to 128 ids (BAGS x BLOCK_L, BLOCK_L no longer than a bag),
+    column blocks of 64-256, and 1-4 pipeline stages (the first sweep found one warp
+    per program best everywhere)."""
     full_d = max(16, min(triton.next_power_of_2(max_dim), 1024 // elem))
-    block_ds = (full_d, 128) if full_d > 128 else (full_d,)
+    block_ds = sorted({full_d, min(full_d, 128)})
     max_l = triton.next_power_of_2(L)
-    for ids_per_step, block_l, block_d, warps in itertools.product(
-        (8, 16, 32, 64, 128), (1, 2, 4, 8, 16, 32, 64), block_ds, (1, 2, 4, 8)
+    for ids_per_step, block_l, block_d, stages in itertools.product(
+        (8, 16, 32, 64, 128), (1, 2, 4, 8, 16, 32, 64), block_ds, (1, 2, 3, 4)
     ):
         bags = ids_per_step // block_l
-        if block_l > min(max_l, ids_per_step) or (warps == 8 and bags < 8):
+        if block_l > min(max_l, ids_per_step) or ids_per_step * block_d * elem > 32768:
             continue
-        if ids_per_step * block_d > 256 * 32 * warps:
-            continue
-        yield bags, block_l, block_d, warps
+        yield bags, block_l, block_d, 1, stages
 
 
 def make_inputs(T, B, L, E, zipf, device):

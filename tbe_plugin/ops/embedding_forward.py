@@ -230,25 +230,25 @@ def _unpooled_forward_kernel(
 
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
-    """(BAGS, BLOCK_L, BLOCK_D, num_warps) for a pooled launch, by shape class.
+    """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages) for a pooled launch, by shape class.
 
-    Each program reads a [BAGS, BLOCK_L, BLOCK_D] tile of rows per step: many short bags
-    per program when bags are short, one bag and a long BLOCK_L when they are long, so
-    that enough loads are in flight either way. Tuned on an H200 (benchmarks/tune).
+    Each program is one warp reading a [BLOCK_L, BAGS, BLOCK_D] tile of rows per step:
+    many short bags per program when bags are short, a long BLOCK_L when they are long.
+    From a sweep on an H200 (``tbe_plugin.benchmarks.tune_forward``): one warp per
+    program won at every shape, with 16-32 ids per step and 128-column blocks.
     """
-    block_d = min(triton.next_power_of_2(max(max_dim, 1)), 512 // elem_size)
-    block_d = max(block_d, 16)
-    if avg_len <= 2:
-        bags, block_l = 8, 2
+    block_d = max(16, min(triton.next_power_of_2(max(max_dim, 1)), 128))
+    if avg_len <= 1.5:
+        bags, block_l = 16, 1
+    elif avg_len <= 3:
+        bags, block_l = 16, 2
     elif avg_len <= 6:
-        bags, block_l = 4, 4
-    elif avg_len <= 12:
-        bags, block_l = 2, 8
+        bags, block_l = 8, 4
+    elif avg_len <= 48:
+        bags, block_l = 16, 2
     else:
-        bags, block_l = 1, 16
-    tile = bags * block_l * block_d
-    num_warps = 8 if tile >= 4096 else (4 if tile >= 1024 else 2)
-    return bags, block_l, block_d, num_warps
+        bags, block_l = 1, 32
+    return bags, block_l, block_d, 1, 3
 
 
 def build_work_items(dims: torch.Tensor, block_d: int) -> torch.Tensor:
@@ -302,13 +302,14 @@ def forward_into(
         return
     if B == 0:
         return
-    bags, block_l, block_d, num_warps = config
+    bags, block_l, block_d, num_warps, num_stages = config
     grid = (triton.cdiv(B, bags), work_items.shape[0])
     _pooled_forward_kernel[grid](
         weights, feature_meta, work_items, indices, offsets, psw, out, status,
         B, num_features * B, num_indices, out.stride(0),
         MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
         BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 It takes the constructor arguments and enums of FBGEMM's
 ``SplitTableBatchedEmbeddingBagsCodegen`` (the supported subset; anything else raises,
 naming the argument), owns the flat weight buffer and the optimizer state, validates
-inputs at the host boundary and calls the ``tbe_plugin::tbe_forward`` custom op.
+inputs at the host boundary and runs the forward (the ``tbe_plugin::tbe_forward``
+custom op under torch.compile).
 
 May import ``tbe_plugin.ops``; the TorchRec adapter builds on this module.
 """
@@ -21,7 +22,7 @@ from tbe_plugin.ops.embedding_forward import (
     META_OUT_OFFSET,
     META_ROWS,
     META_WEIGHT_OFFSET,
-    tbe_forward_op,
+    tbe_forward,
 )
 
 # FBGEMM names -> torch dtypes for the precisions we serve.
@@ -334,7 +335,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         validate_forward_inputs(
             indices, offsets, per_sample_weights, len(self.feature_table_map), self.device
         )
-        return tbe_forward_op(
+        return tbe_forward(
             self.weights,
             self.feature_meta,
             indices,

@@ -17,12 +17,16 @@ from torch import nn
 
 from tbe_plugin.ops.bounds import validate_forward_inputs
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
-from tbe_plugin.ops.embedding_forward import (
+from tbe_plugin.ops.embedding_forward import tbe_forward
+from tbe_plugin.ops.indexing import (
+    META_COLS,
     META_DIM,
+    META_MOMENTUM1_OFFSET,
+    META_MOMENTUM2_OFFSET,
     META_OUT_OFFSET,
+    META_ROW_BASE,
     META_ROWS,
     META_WEIGHT_OFFSET,
-    tbe_forward,
 )
 
 # FBGEMM names -> torch dtypes for the precisions we serve.
@@ -74,6 +78,15 @@ _INERT_FBGEMM_ARGS: Dict[str, Any] = {
 # Software-cache settings: FBGEMM reads them only for MANAGED_CACHING tables, which this
 # module rejects, so any value is as inert here as it is in FBGEMM without such tables.
 _CACHE_ARGS = ("cache_algorithm", "cache_load_factor", "cache_sets", "cache_reserved_memory", "cache_precision")
+
+
+def _exclusive_cumsum(sizes: Sequence[int]) -> List[int]:
+    """Start of each piece when pieces of ``sizes`` are laid back to back."""
+    starts, total = [], 0
+    for size in sizes:
+        starts.append(total)
+        total += size
+    return starts
 
 
 def _enum_name(value: Any, what: str) -> str:
@@ -207,9 +220,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         # Flat storage: table t's rows back to back from weights_offsets[t] (FBGEMM's
         # weights_dev / weights_offsets); each table pays for its own D only.
         sizes = [r * d for r, d in zip(self.table_rows, self.table_dims)]
-        weights_offsets = [0]
-        for s in sizes[:-1]:
-            weights_offsets.append(weights_offsets[-1] + s)
+        weights_offsets = _exclusive_cumsum(sizes)
         self.register_buffer(
             "weights",
             torch.zeros(sum(sizes), dtype=self.weights_precision, device=self.device),
@@ -218,18 +229,20 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         self.register_buffer(
             "weights_offsets", torch.tensor(weights_offsets, dtype=torch.int64, device=self.device)
         )
-        self._init_optimizer_state()
+        state_offsets = self._init_optimizer_state()
 
         feature_dims = [self.table_dims[t] for t in self.feature_table_map]
-        out_offsets = [0]
-        for d in feature_dims[:-1]:
-            out_offsets.append(out_offsets[-1] + d)
-        meta = torch.zeros(len(feature_dims), 4, dtype=torch.int64)
+        out_offsets = _exclusive_cumsum(feature_dims)
+        row_bases = _exclusive_cumsum(self.table_rows)
+        meta = torch.zeros(len(feature_dims), META_COLS, dtype=torch.int64)
         for f, t in enumerate(self.feature_table_map):
             meta[f, META_WEIGHT_OFFSET] = weights_offsets[t]
             meta[f, META_ROWS] = self.table_rows[t]
             meta[f, META_DIM] = self.table_dims[t]
             meta[f, META_OUT_OFFSET] = out_offsets[f]
+            meta[f, META_ROW_BASE] = row_bases[t]
+            meta[f, META_MOMENTUM1_OFFSET] = state_offsets["momentum1"][t]
+            meta[f, META_MOMENTUM2_OFFSET] = state_offsets["momentum2"][t]
         self.register_buffer("feature_meta", meta.to(self.device), persistent=False)
         self.feature_dims: List[int] = feature_dims
         self.D_offsets: List[int] = out_offsets + [out_offsets[-1] + feature_dims[-1]]
@@ -269,22 +282,24 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
                 f"{self.device.type} (supported: {', '.join(ok)}); UVM and caching are not implemented"
             )
 
-    def _init_optimizer_state(self) -> None:
-        """Optimizer state in fp32, flat with per-table offsets, as the fused backward updates it."""
+    def _init_optimizer_state(self) -> Dict[str, List[int]]:
+        """Optimizer state in fp32, flat with per-table offsets, as the fused backward
+        updates it in place; returns those offsets (zeros for a state the optimizer lacks)."""
         m1, m2, has_step = _OPTIMIZER_STATE[self.optimizer]
+        offsets = {}
         for name, kind in (("momentum1", m1), ("momentum2", m2)):
             if kind is None:
+                offsets[name] = [0] * len(self.table_rows)
                 continue
             per_table = [r if kind == "row" else r * d for r, d in zip(self.table_rows, self.table_dims)]
-            offsets = [0]
-            for s in per_table[:-1]:
-                offsets.append(offsets[-1] + s)
+            offsets[name] = _exclusive_cumsum(per_table)
             self.register_buffer(name, torch.zeros(sum(per_table), dtype=torch.float32, device=self.device))
             self.register_buffer(
-                f"{name}_offsets", torch.tensor(offsets, dtype=torch.int64, device=self.device)
+                f"{name}_offsets", torch.tensor(offsets[name], dtype=torch.int64, device=self.device)
             )
         if has_step:
             self.register_buffer("iter", torch.zeros(1, dtype=torch.int64, device=self.device))
+        return offsets
 
     # ------------------------------------------------------------------ weights
 

@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from tbe_plugin.ops.bounds import validate_forward_inputs
+from tbe_plugin.ops.optimizers import Optimizer, OptimizerArgs, WeightDecay
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
+from tbe_plugin.ops.embedding_backward import backward_update
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
@@ -42,7 +44,7 @@ _OPTIMIZER_STATE = {
     "PARTIAL_ROWWISE_ADAM": ("element", "row", True),
     "LAMB": ("element", "element", True),
 }
-_WEIGHT_DECAY_MODES = ("NONE", "L2", "DECOUPLED")
+_WEIGHT_DECAY_MODES = ("NONE", "L2", "DECOUPLE")
 
 # FBGEMM constructor arguments this module does not implement, with the values at which
 # they have no effect (FBGEMM's defaults). Passing another value raises, naming it.
@@ -206,6 +208,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         ]
         self.optimizer = self._member(optimizer, "optimizer", _OPTIMIZER_STATE)
         self.weight_decay_mode = self._member(weight_decay_mode, "weight_decay_mode", _WEIGHT_DECAY_MODES)
+        self._check_weight_decay(float(weight_decay))
         self.stochastic_rounding = bool(stochastic_rounding)
         # fp32 on the host, as FBGEMM keeps it: get_learning_rate() reads back the fp32
         # value, and the fused backward passes it to kernels as a runtime scalar.
@@ -247,6 +250,9 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         self.feature_dims: List[int] = feature_dims
         self.D_offsets: List[int] = out_offsets + [out_offsets[-1] + feature_dims[-1]]
         self._align = vector_alignment(self.table_dims, self.weights.element_size())
+        # Autograd reaches the fused backward through this empty parameter, as in FBGEMM.
+        self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.device))
+        self._rounding_seed = 0
         # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
         self.register_buffer("bounds_check_status", new_status(self.device), persistent=False)
 
@@ -274,6 +280,21 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             raise NotImplementedError(f"{what}={name} is not supported; supported: {', '.join(names)}")
         return name
 
+    def _check_weight_decay(self, weight_decay: float) -> None:
+        """Weight decay as FBGEMM's kernels apply it; what they would ignore, we refuse."""
+        if self.optimizer in ("EXACT_SGD", "EXACT_ADAGRAD") and weight_decay != 0.0:
+            raise NotImplementedError(
+                f"weight_decay={weight_decay} with optimizer={self.optimizer}: FBGEMM's kernel "
+                "for this optimizer applies no weight decay; use EXACT_ROWWISE_ADAGRAD or Adam"
+            )
+        adam_family = self.optimizer in ("ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB")
+        if adam_family and self.weight_decay_mode != "NONE":
+            raise NotImplementedError(
+                f"weight_decay_mode={self.weight_decay_mode} with optimizer={self.optimizer}: "
+                "FBGEMM adds weight_decay * w to this optimizer's update whatever the mode; "
+                "leave weight_decay_mode=NONE"
+            )
+
     def _check_location(self, table: int, location: str) -> None:
         ok = {"cuda": ("DEVICE",), "cpu": ("HOST", "DEVICE")}[self.device.type]
         if location not in ok:
@@ -293,6 +314,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
                 continue
             per_table = [r if kind == "row" else r * d for r, d in zip(self.table_rows, self.table_dims)]
             offsets[name] = _exclusive_cumsum(per_table)
+            setattr(self, f"_{name}_offsets", offsets[name])
             self.register_buffer(name, torch.zeros(sum(per_table), dtype=torch.float32, device=self.device))
             self.register_buffer(
                 f"{name}_offsets", torch.tensor(offsets[name], dtype=torch.int64, device=self.device)
@@ -309,6 +331,26 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             self.weights[start : start + rows * dim].view(rows, dim)
             for start, rows, dim in zip(self._table_offsets, self.table_rows, self.table_dims)
         ]
+
+    def split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        """Per table, views of its optimizer states in FBGEMM's order and shapes:
+        momentum1 then momentum2, ``[rows]`` when rowwise, else ``[rows, dim]``;
+        ``[]`` for EXACT_SGD, as FBGEMM returns."""
+        m1, m2, _ = _OPTIMIZER_STATE[self.optimizer]
+        if m1 is None:
+            return []
+        states = []
+        for t, (rows, dim) in enumerate(zip(self.table_rows, self.table_dims)):
+            per_table = []
+            for name, kind in (("momentum1", m1), ("momentum2", m2)):
+                if kind is None:
+                    continue
+                buffer, start = getattr(self, name), int(getattr(self, f"_{name}_offsets")[t])
+                size = rows if kind == "row" else rows * dim
+                view = buffer[start : start + size]
+                per_table.append(view if kind == "row" else view.view(rows, dim))
+            states.append(per_table)
+        return states
 
     @torch.no_grad()
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
@@ -350,6 +392,16 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         validate_forward_inputs(
             indices, offsets, per_sample_weights, len(self.feature_table_map), self.device
         )
+        if not torch.is_grad_enabled():
+            return self._lookup(indices, offsets, per_sample_weights)
+        if torch.compiler.is_compiling():
+            raise NotImplementedError(
+                "TritonTableBatchedEmbeddingBags: training under torch.compile is not supported "
+                "yet; compile under torch.no_grad() for inference, or train eagerly"
+            )
+        return _FusedLookup.apply(self.placeholder_autograd_tensor, per_sample_weights, self, indices, offsets)
+
+    def _lookup(self, indices, offsets, per_sample_weights):
         return tbe_forward(
             self.weights,
             self.feature_meta,
@@ -363,3 +415,59 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             self.output_dtype,
             self._align,
         )
+
+    # ----------------------------------------------------------------- backward
+
+    def _optimizer_args(self) -> OptimizerArgs:
+        self._rounding_seed += 1
+        return OptimizerArgs(
+            optimizer=int(Optimizer[self.optimizer]),
+            learning_rate=self.learning_rate_tensor.item(),
+            weight_decay_mode=int(WeightDecay[self.weight_decay_mode]),
+            stochastic_rounding=self.stochastic_rounding and self.weights_precision != torch.float32,
+            seed=self._rounding_seed,
+            **self.optimizer_args,
+        )
+
+    @torch.no_grad()
+    def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
+        """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward)."""
+        step = getattr(self, "iter", None)
+        if step is not None:
+            step.add_(1)
+        return backward_update(
+            grad_output,
+            self.weights,
+            getattr(self, "momentum1", None),
+            getattr(self, "momentum2", None),
+            step,
+            self.feature_meta,
+            max(self.table_dims),
+            indices,
+            offsets,
+            per_sample_weights,
+            psw_requires_grad,
+            int(self.pooling_mode),
+            self.bounds_check_mode != BoundsCheck.NONE,
+            self._optimizer_args(),
+        )
+
+
+class _FusedLookup(torch.autograd.Function):
+    """Forward lookup; its backward updates the tables in place and returns no gradient
+    for them (FBGEMM's ``placeholder_autograd_tensor`` scheme), only for the per-sample
+    weights when they require it."""
+
+    @staticmethod
+    def forward(ctx, placeholder, per_sample_weights, module, indices, offsets):
+        ctx.module = module
+        ctx.save_for_backward(indices, offsets, per_sample_weights)
+        return module._lookup(indices, offsets, per_sample_weights)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        indices, offsets, per_sample_weights = ctx.saved_tensors
+        psw_grad = ctx.module._fused_backward(
+            grad_output, indices, offsets, per_sample_weights, ctx.needs_input_grad[1]
+        )
+        return None, psw_grad, None, None, None

@@ -1,0 +1,159 @@
+"""Fused optimizer updates on embedding rows, with FBGEMM's formulas.
+
+``apply_update`` takes the exact aggregated gradient of a tile of rows (one row per
+lane, inactive lanes masked) and updates the weights and optimizer state in place.
+The formulas follow FBGEMM's code generator (``codegen/genscript/optimizers.py``):
+the order of operations is FBGEMM's, so results agree to fp32 rounding.
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+import dataclasses
+import enum
+
+import triton
+import triton.language as tl
+
+from tbe_plugin.ops.indexing import (
+    _META_COLS,
+    _META_DIM,
+    _META_MOMENTUM1_OFFSET,
+    _META_MOMENTUM2_OFFSET,
+    _META_ROW_BASE,
+    _META_WEIGHT_OFFSET,
+)
+
+
+class Optimizer(enum.IntEnum):
+    """The fused optimizers (names as FBGEMM's ``EmbOptimType``)."""
+
+    EXACT_SGD = 0
+    EXACT_ROWWISE_ADAGRAD = 1
+    EXACT_ADAGRAD = 2
+    ADAM = 3
+    PARTIAL_ROWWISE_ADAM = 4
+    LAMB = 5
+
+
+class WeightDecay(enum.IntEnum):
+    """FBGEMM's ``WeightDecayMode`` values that we serve."""
+
+    NONE = 0
+    L2 = 1
+    DECOUPLE = 2
+
+
+@dataclasses.dataclass
+class OptimizerArgs:
+    """Runtime values of one step: none of them is a compile-time constant."""
+
+    optimizer: int
+    learning_rate: float
+    eps: float = 1.0e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+    weight_decay_mode: int = WeightDecay.NONE
+    stochastic_rounding: bool = False
+    seed: int = 0
+
+
+_SGD = tl.constexpr(Optimizer.EXACT_SGD)
+_ROWWISE_ADAGRAD = tl.constexpr(Optimizer.EXACT_ROWWISE_ADAGRAD)
+_ADAGRAD = tl.constexpr(Optimizer.EXACT_ADAGRAD)
+_ADAM = tl.constexpr(Optimizer.ADAM)
+_PARTIAL_ROWWISE_ADAM = tl.constexpr(Optimizer.PARTIAL_ROWWISE_ADAM)
+_LAMB = tl.constexpr(Optimizer.LAMB)
+_WD_L2 = tl.constexpr(WeightDecay.L2)
+_WD_DECOUPLE = tl.constexpr(WeightDecay.DECOUPLE)
+
+
+@triton.jit
+def _round_to_weights(x, ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING: tl.constexpr):
+    """fp32 -> the weights' dtype; stochastically for fp16/bf16 when asked (FBGEMM's
+    scheme: add uniform noise below the target's last mantissa bit, then truncate)."""
+    target = ptrs.dtype.element_ty
+    if STOCHASTIC_ROUNDING and (target == tl.float16 or target == tl.bfloat16):
+        bits = x.to(tl.uint32, bitcast=True)
+        random = tl.randint(seed, rand_offsets).to(tl.uint32)
+        sign_exp = bits & 0xFF800000
+        if target == tl.float16:
+            noise_bits = sign_exp | (random >> 19)
+        else:
+            noise_bits = sign_exp | (random >> 16)
+        noise = noise_bits.to(tl.float32, bitcast=True) - sign_exp.to(tl.float32, bitcast=True)
+        return (x + noise).to(target, fp_downcast_rounding="rtz")
+    return x.to(target)
+
+
+@triton.jit
+def apply_update(
+    g, active, row, feature, cols, feature_meta_ptr, weights_ptr, momentum1_ptr,
+    momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+):  # fmt: skip
+    """One optimizer step on rows ``row`` (global numbers) with gradients ``g`` [R, BLOCK_D].
+
+    ``active`` masks lanes with no row to update; ``feature`` is a feature that reads
+    each row's table (its metadata gives offsets and D).
+    """
+    meta = feature_meta_ptr + feature * _META_COLS
+    dim = tl.load(meta + _META_DIM, mask=active, other=0)
+    local = row - tl.load(meta + _META_ROW_BASE, mask=active, other=0)
+    mask = active[:, None] & (cols[None, :] < dim[:, None])
+    element = local[:, None] * dim[:, None] + cols[None, :]
+    w_ptrs = weights_ptr + tl.load(meta + _META_WEIGHT_OFFSET, mask=active, other=0)[:, None] + element
+    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.where(mask, g, 0.0)
+    dim_f = tl.maximum(dim, 1).to(tl.float32)
+
+    m1_base = tl.load(meta + _META_MOMENTUM1_OFFSET, mask=active, other=0)
+    m2_base = tl.load(meta + _META_MOMENTUM2_OFFSET, mask=active, other=0)
+    if OPTIMIZER == _SGD:  # FBGEMM's exact SGD has no weight decay
+        w = w - lr * g
+    elif OPTIMIZER == _ROWWISE_ADAGRAD:
+        if WEIGHT_DECAY_MODE == _WD_L2:
+            g = tl.where(mask, g + weight_decay * w, 0.0)
+        m_ptrs = momentum1_ptr + m1_base + local
+        m = tl.load(m_ptrs, mask=active, other=0.0) + tl.sum(g * g, axis=1) / dim_f
+        tl.store(m_ptrs, m, mask=active)
+        multiplier = lr / (tl.sqrt(m) + eps)
+        if WEIGHT_DECAY_MODE == _WD_DECOUPLE:
+            w = w * (1.0 - lr * weight_decay)
+        w = w - multiplier[:, None] * g
+    elif OPTIMIZER == _ADAGRAD:  # no weight decay either
+        m_ptrs = momentum1_ptr + m1_base[:, None] + element
+        m = tl.load(m_ptrs, mask=mask, other=0.0) + g * g
+        tl.store(m_ptrs, m, mask=mask)
+        w = w - lr * g / (tl.sqrt(m) + eps)
+    else:
+        # Adam family and LAMB: bias-corrected moments with the module's step count;
+        # weight decay enters the update (``+ weight_decay * w``), as in FBGEMM.
+        t = tl.load(step_ptr).to(tl.float32)
+        m1_ptrs = momentum1_ptr + m1_base[:, None] + element
+        m1 = beta1 * tl.load(m1_ptrs, mask=mask, other=0.0) + (1.0 - beta1) * g
+        tl.store(m1_ptrs, m1, mask=mask)
+        m1_hat = m1 / (1.0 - tl.exp2(t * tl.log2(beta1)))
+        if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
+            m2_ptrs = momentum2_ptr + m2_base + local
+            m2 = beta2 * tl.load(m2_ptrs, mask=active, other=0.0) + (1.0 - beta2) * (
+                tl.sum(g * g, axis=1) / dim_f
+            )
+            tl.store(m2_ptrs, m2, mask=active)
+            m2_hat = (m2 / (1.0 - tl.exp2(t * tl.log2(beta2))))[:, None]
+        else:
+            m2_ptrs = momentum2_ptr + m2_base[:, None] + element
+            m2 = beta2 * tl.load(m2_ptrs, mask=mask, other=0.0) + (1.0 - beta2) * g * g
+            tl.store(m2_ptrs, m2, mask=mask)
+            m2_hat = m2 / (1.0 - tl.exp2(t * tl.log2(beta2)))
+        update = tl.where(mask, m1_hat / (tl.sqrt(m2_hat) + eps) + weight_decay * w, 0.0)
+        if OPTIMIZER == _LAMB:
+            w_norm = tl.sqrt(tl.sum(w * w, axis=1))
+            u_norm = tl.sqrt(tl.sum(update * update, axis=1))
+            # FBGEMM: ratio = |w| / |update| (a zero row stays zero); a zero update moves
+            # nothing whatever the ratio, where FBGEMM's 0/0 would write NaN.
+            ratio = w_norm / tl.where(u_norm > 0, u_norm, 1.0)
+            update = update * ratio[:, None]
+        w = w - lr * update
+    w_new = _round_to_weights(w, w_ptrs, seed, row[:, None] * 4096 + cols[None, :], STOCHASTIC_ROUNDING)
+    tl.store(w_ptrs, w_new, mask=mask)

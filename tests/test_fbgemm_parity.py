@@ -232,3 +232,63 @@ def test_bf16_weights_on_cuda_match_reference():
     indices, offsets = make_bags([10_000, 5000], B=1024, max_len=30, seed=34, device="cuda")
     expected = tbe_forward_reference(ours.split_embedding_weights(), [0, 1], indices.cpu(), offsets.cpu())
     assert_tbe_close(ours(indices, offsets), expected.cuda(), 30)
+
+
+ALL_OPTIMIZERS = [
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.ADAM,
+    EmbOptimType.PARTIAL_ROWWISE_ADAM,
+    EmbOptimType.LAMB,
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ALL_OPTIMIZERS)
+@pytest.mark.parametrize("pooling", [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_training_matches_fbgemm_cuda(optimizer, pooling, weighted):
+    if pooling == PoolingMode.NONE and weighted:
+        pytest.skip("FBGEMM ignores per-sample weights with NONE; we refuse them")
+    dims = [64] * 4 if pooling == PoolingMode.NONE else [64, 128, 32, 96]
+    rows = [5000, 300, 20_000, 7]
+    fbgemm, ours = make_training_pair(dims, rows, "cuda", optimizer, pooling=pooling,
+                                      feature_table_map=[0, 1, 2, 3, 1], learning_rate=0.05)  # fmt: skip
+    train_both(fbgemm, ours, [rows[t] for t in [0, 1, 2, 3, 1]], steps=3, B=256, max_len=12,
+               weighted=weighted, device="cuda")  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "optimizer, mode",
+    [
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, "L2"),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, "DECOUPLE"),
+        (EmbOptimType.ADAM, "NONE"),
+        (EmbOptimType.PARTIAL_ROWWISE_ADAM, "NONE"),
+        (EmbOptimType.LAMB, "NONE"),
+    ],
+)
+def test_weight_decay_matches_fbgemm_cuda(optimizer, mode):
+    WeightDecayMode = fbgemm_training.WeightDecayMode
+    fbgemm, ours = make_training_pair([64, 32], [3000, 500], "cuda", optimizer, learning_rate=0.05,
+                                      weight_decay=0.01, weight_decay_mode=WeightDecayMode[mode])  # fmt: skip
+    train_both(fbgemm, ours, [3000, 500], steps=3, B=256, max_len=10, weighted=False, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ALL_OPTIMIZERS)
+def test_training_fp16_weights_matches_fbgemm_cuda(optimizer):
+    fbgemm, ours = make_training_pair([128, 64], [10_000, 2000], "cuda", optimizer,
+                                      weights_dtype=torch.float16, learning_rate=0.05)  # fmt: skip
+    train_both(fbgemm, ours, [10_000, 2000], steps=2, B=512, max_len=10, weighted=False, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", [EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.ADAM])
+def test_training_zipf_hot_rows_large_batch_matches_fbgemm_cuda(optimizer):
+    rows = [1_000_000, 100_000]
+    fbgemm, ours = make_training_pair([128, 64], rows, "cuda", optimizer, learning_rate=0.01)
+    train_both(fbgemm, ours, rows, steps=2, B=65536, max_len=20, weighted=False, device="cuda",
+               zipf=1.15)  # fmt: skip

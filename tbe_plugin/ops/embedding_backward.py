@@ -71,8 +71,8 @@ def _positions_kernel(
 
 @triton.jit
 def _segmented_sum(v1, h1, v2, h2):
-    """Combine of a segmented inclusive scan: a head (h) restarts the running sum."""
-    return tl.where(h2, v2, v1 + v2), h1 | h2
+    """Combine of a segmented inclusive scan: a head (h != 0) restarts the running sum."""
+    return tl.where(h2 != 0, v2, v1 + v2), h1 | h2
 
 
 @triton.jit
@@ -126,10 +126,10 @@ def _chunk_kernel(
         grad_ptr, grad_stride, perm_ptr, bag_ptr, offsets_ptr, psw_ptr, feature_meta_ptr,
         scratch_ptr, q, valid, cols, B, total_bags, num_indices, UNPOOLED, MEAN, WEIGHTED, CHECK,
     )  # fmt: skip
-    heads = head[:, None] & (cols[None, :] >= 0)
+    heads = (head[:, None] & (cols[None, :] >= 0)).to(tl.int32)
     run_sum, seen_head = tl.associative_scan((g, heads), 0, _segmented_sum)
     # seen_head: a head lies between the chunk start and q, so q's run began in this chunk.
-    started_here = tl.max(seen_head.to(tl.int32), axis=1) > 0
+    started_here = tl.max(seen_head, axis=1) > 0
     last = tl.max(tl.where(valid, q, -1), axis=0)
 
     complete = tail & started_here
@@ -166,7 +166,7 @@ def _crossing_kernel(
         cols = tl.arange(0, BLOCK_D)
         total = tl.load(pieces_ptr + chunk * 2 * BLOCK_D + BLOCK_D + cols)
         next_chunk = chunk + 1
-        going_on = True
+        going_on = row == row  # a tensor, as the loop reassigns it
         while going_on:
             total += tl.load(pieces_ptr + next_chunk * 2 * BLOCK_D + cols)
             end = tl.minimum(next_chunk * CHUNK + CHUNK, num_indices) - 1

@@ -155,5 +155,7 @@ def apply_update(
             ratio = w_norm / tl.where(u_norm > 0, u_norm, 1.0)
             update = update * ratio[:, None]
         w = w - lr * update
-    w_new = _round_to_weights(w, w_ptrs, seed, row[:, None] * 4096 + cols[None, :], STOCHASTIC_ROUNDING)
+    # Random stream per (row, column); int32 offsets (wrapping) are plenty for rounding noise.
+    rand_offsets = (row[:, None] * 4096 + cols[None, :]).to(tl.int32)
+    w_new = _round_to_weights(w, w_ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING)
     tl.store(w_ptrs, w_new, mask=mask)

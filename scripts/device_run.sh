@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the device (after .gpu-stack/install.sh b): GPU tests, A/B benchmarks and the launch
+# sweep, each step under its own time limit, logs and reports into $OUT.
+# Usage: bash scripts/device_run.sh STEP...   steps: fwdtests bwdtests bench bwdbench selfcheck tune
+set -uo pipefail
+export PYTHONPATH=/tmp/gpu-site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    fwdtests) timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "not training and not weight_decay" 2>&1 | tail -30 | tee "$OUT/gpu_fwd_tests.log" ;;
+    bwdtests) timeout ${BWD_TESTS_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "training or weight_decay" 2>&1 | tail -60 | tee "$OUT/gpu_bwd_tests.log" ;;
+    bench) timeout ${BENCH_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.forward --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench.log" ;;
+    bwdbench) timeout ${BWD_BENCH_TIMEOUT:-200} python3 -m tbe_plugin.benchmarks.backward --out "$OUT" ${BWD_BENCH_ARGS:-} 2>&1 | tail -60 | tee "$OUT/bwdbench.log" ;;
+    selfcheck) timeout 120 python3 -m tbe_plugin.benchmarks.forward --self-check --configs b8192,zipf1.15 --out "$OUT/selfcheck" 2>&1 | tail -20 | tee "$OUT/selfcheck.log" ;;
+    tune) timeout ${TUNE_TIMEOUT:-240} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" ${TUNE_ARGS:-} 2>&1 | tail -30 | tee "$OUT/tune.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

@@ -443,6 +443,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             step,
             self.feature_meta,
             max(self.table_dims),
+            sum(self.table_rows),
             indices,
             offsets,
             per_sample_weights,

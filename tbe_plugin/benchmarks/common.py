@@ -1,6 +1,6 @@
 """What every TBE benchmark shares: configs, inputs, weights, timing, byte accounting, reports.
 
-Imported by ``tbe_plugin.benchmarks.forward`` (and the backward benchmark to come); it
+Imported by ``tbe_plugin.benchmarks.forward`` and ``tbe_plugin.benchmarks.backward``; it
 imports torch and numpy at module level and FBGEMM only inside functions, so that a
 caller can silence FBGEMM's import-time logging first (``silence_fbgemm_logging``).
 Nothing here times a provider differently from another: the same inputs, the same
@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +46,25 @@ def silence_fbgemm_logging() -> None:
     """Raise the root logger to ERROR: fbgemm_gpu logs a version warning per library it
     loads and its request generator calls ``logging.basicConfig(level=DEBUG)``."""
     logging.getLogger().setLevel(logging.ERROR)
+
+
+def fbgemm_api() -> types.SimpleNamespace:
+    """FBGEMM's module and enums, imported after its import-time logging is silenced."""
+    silence_fbgemm_logging()
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        BoundsCheckMode, EmbeddingLocation, PoolingMode,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    silence_fbgemm_logging()
+    return types.SimpleNamespace(
+        EmbOptimType=EmbOptimType, SparseType=SparseType, BoundsCheckMode=BoundsCheckMode,
+        EmbeddingLocation=EmbeddingLocation, PoolingMode=PoolingMode, ComputeDevice=ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen=SplitTableBatchedEmbeddingBagsCodegen,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +123,15 @@ class TBEConfig:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self) | {"dims": self.dims}
+
+
+def describe_config(cfg: dict) -> str:
+    """One-line shape of a config given as ``TBEConfig.as_dict()`` (the reports' JSON)."""
+    dims = cfg["D"] if isinstance(cfg["D"], int) else "/".join(map(str, cfg["D"]))
+    ids = "uniform" if cfg["zipf_alpha"] is None else f"zipf{cfg['zipf_alpha']}"
+    extra = " weighted" if cfg["weighted"] else ""
+    return (f"T={cfg['T']} B={cfg['B']} L={cfg['L']} E={cfg['E']:.0e} D={dims} "
+            f"{cfg['weights_precision']} {cfg['pooling']} {ids}{extra}")
 
 
 @dataclasses.dataclass
@@ -203,6 +232,18 @@ def generate_batches(
     return batches, source
 
 
+def per_table_inputs(cfg: TBEConfig, batch: InputBatch) -> list[tuple]:
+    """Split a table-major request into per-table (indices, offsets, weights) for EmbeddingBag."""
+    bounds = batch.offsets[:: cfg.B].tolist()
+    pieces = []
+    for t in range(cfg.T):
+        offsets = batch.offsets[t * cfg.B : (t + 1) * cfg.B + 1] - bounds[t]
+        indices = batch.indices[bounds[t] : bounds[t + 1]]
+        weights = batch.per_sample_weights
+        pieces.append((indices, offsets, None if weights is None else weights[bounds[t] : bounds[t + 1]]))
+    return pieces
+
+
 @torch.no_grad()
 def fill_tables_uniform_(tables: list[torch.Tensor], seed: int, bound: float = 1.0) -> None:
     """Fill each table in place with U(-bound, bound) from a per-table seeded generator."""
@@ -238,15 +279,20 @@ def forward_bytes(cfg: TBEConfig, batch: InputBatch, output_dtype=torch.float32)
 
 
 @torch.no_grad()
-def distinct_row_fraction(cfg: TBEConfig, batch: InputBatch) -> float:
-    """Distinct (table, row) pairs / lookups: near 1 for uniform ids over big tables,
-    low for hot rows, which the cache serves though the byte count includes them."""
+def distinct_rows_per_table(cfg: TBEConfig, batch: InputBatch) -> list[int]:
+    """How many distinct rows of each table the request reads (repeated ids count once)."""
     bounds = batch.offsets[:: cfg.B]
     lookups_per_table = (bounds[1:] - bounds[:-1]).to(torch.int64)
     tables = torch.arange(cfg.T, device=batch.indices.device)
     table_of_lookup = torch.repeat_interleave(tables, lookups_per_table)
     rows = batch.indices.to(torch.int64) + table_of_lookup * cfg.E
-    return torch.unique(rows).numel() / max(rows.numel(), 1)
+    return torch.bincount(torch.unique(rows) // cfg.E, minlength=cfg.T).tolist()
+
+
+def distinct_row_fraction(cfg: TBEConfig, batch: InputBatch) -> float:
+    """Distinct (table, row) pairs / lookups: near 1 for uniform ids over big tables,
+    low for hot rows, which the cache serves though the byte count includes them."""
+    return sum(distinct_rows_per_table(cfg, batch)) / max(batch.indices.numel(), 1)
 
 
 def synchronize(device: torch.device) -> None:
@@ -274,7 +320,8 @@ def summarize_ms(samples_ms: list[float]) -> dict:
 
 
 def time_alternating(
-    calls: dict[str, Callable[[int], object]], iters: int, warmup: int, device: torch.device
+    calls: dict[str, Callable[[int], object]], iters: int, warmup: int, device: torch.device,
+    prepare: dict[str, Callable[[int], object]] | None = None,
 ) -> dict[str, list[float]]:
     """Per-call milliseconds of every provider, timed in alternating order.
 
@@ -284,20 +331,30 @@ def time_alternating(
     temperature hits all providers alike. CUDA: one pair of events around each call and
     no synchronization inside the timed loop, so host overhead that the GPU hides stays
     hidden, as in FBGEMM's ``benchmark_requests``. CPU: ``time.perf_counter``.
+
+    ``prepare[name](i)``, when given, runs untimed just before each call of ``name``
+    (warm-up included) and its result replaces ``i`` as the call's argument: the backward
+    benchmark's forward before a timed ``out.backward(grad)``. Its work is queued before
+    the start event, so a CUDA sample holds the call alone (FBGEMM's ``bwd_only``).
     """
     names = list(calls)
+
+    def argument(name: str, i: int) -> object:
+        return prepare[name](i) if prepare is not None else i
+
     for name in names:
         for i in range(warmup):
-            calls[name](i)
+            calls[name](argument(name, i))
     synchronize(device)
     if device.type == "cuda":
         events: dict[str, list] = {name: [] for name in names}
         for r in range(iters):
             for name in names if r % 2 == 0 else reversed(names):
+                arg = argument(name, r)
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 start.record()
-                calls[name](r)
+                calls[name](arg)
                 end.record()
                 events[name].append((start, end))
         torch.cuda.synchronize(device)
@@ -305,8 +362,9 @@ def time_alternating(
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(iters):
         for name in names if r % 2 == 0 else reversed(names):
+            arg = argument(name, r)
             begin = time.perf_counter()
-            calls[name](r)
+            calls[name](arg)
             samples[name].append((time.perf_counter() - begin) * 1e3)
     return samples
 

@@ -12,15 +12,14 @@ import argparse
 import dataclasses
 import os
 import sys
-import types
 from collections.abc import Callable
 
 import torch
 
 from tbe_plugin.benchmarks.common import (
-    FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_,
-    distinct_row_fraction, fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches, geomean,
-    markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match,
+    FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_, describe_config,
+    distinct_row_fraction, fbgemm_api, fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches,
+    geomean, markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match, per_table_inputs,
     silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
 )
 
@@ -63,28 +62,9 @@ class Provider:
     tables: list[torch.Tensor]
 
 
-def _fbgemm_api():
-    """FBGEMM's module and enums, imported after its import-time logging is silenced."""
-    silence_fbgemm_logging()
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-        BoundsCheckMode, EmbeddingLocation, PoolingMode,
-    )
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
-    silence_fbgemm_logging()
-    return types.SimpleNamespace(
-        EmbOptimType=EmbOptimType, SparseType=SparseType, BoundsCheckMode=BoundsCheckMode,
-        EmbeddingLocation=EmbeddingLocation, PoolingMode=PoolingMode, ComputeDevice=ComputeDevice,
-        SplitTableBatchedEmbeddingBagsCodegen=SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
-
 def tbe_module_kwargs(cfg: TBEConfig, device: torch.device) -> dict:
     """The constructor arguments given to FBGEMM's module and, unchanged, to ours."""
-    api = _fbgemm_api()
+    api = fbgemm_api()
     on_cpu = device.type == "cpu"
     location = api.EmbeddingLocation.HOST if on_cpu else api.EmbeddingLocation.DEVICE
     compute = api.ComputeDevice.CPU if on_cpu else api.ComputeDevice.CUDA
@@ -109,7 +89,7 @@ def _module_provider(name: str, module: torch.nn.Module) -> Provider:
 
 
 def build_fbgemm(name: str, cfg: TBEConfig, device: torch.device) -> Provider:
-    module = _fbgemm_api().SplitTableBatchedEmbeddingBagsCodegen(**tbe_module_kwargs(cfg, device))
+    module = fbgemm_api().SplitTableBatchedEmbeddingBagsCodegen(**tbe_module_kwargs(cfg, device))
     return _module_provider(name, module)
 
 
@@ -119,24 +99,12 @@ def build_ours(name: str, cfg: TBEConfig, device: torch.device) -> Provider:
     return _module_provider(name, TritonTableBatchedEmbeddingBags(**tbe_module_kwargs(cfg, device)))
 
 
-def _per_table_inputs(cfg: TBEConfig, batch: InputBatch) -> list[tuple]:
-    """Split a table-major request into per-table (indices, offsets, weights) for EmbeddingBag."""
-    bounds = batch.offsets[:: cfg.B].tolist()
-    pieces = []
-    for t in range(cfg.T):
-        offsets = batch.offsets[t * cfg.B : (t + 1) * cfg.B + 1] - bounds[t]
-        indices = batch.indices[bounds[t] : bounds[t + 1]]
-        weights = batch.per_sample_weights
-        pieces.append((indices, offsets, None if weights is None else weights[bounds[t] : bounds[t + 1]]))
-    return pieces
-
-
 def build_torch(cfg: TBEConfig, tables: list[torch.Tensor], batches: list[InputBatch]) -> Provider:
     """One torch.nn.EmbeddingBag per table, sharing ``tables``' storage; outputs concatenated."""
     bags = [torch.nn.EmbeddingBag.from_pretrained(table, freeze=False, mode=cfg.pooling,
                                                   include_last_offset=True) for table in tables]
     # Per-table slicing reads offsets on the host: do it once per batch, outside the timing.
-    plans = {id(batch): _per_table_inputs(cfg, batch) for batch in batches}
+    plans = {id(batch): per_table_inputs(cfg, batch) for batch in batches}
 
     def forward(batch: InputBatch) -> torch.Tensor:
         outputs = []
@@ -153,7 +121,7 @@ def build_torch(cfg: TBEConfig, tables: list[torch.Tensor], batches: list[InputB
 def fp32_reference(cfg: TBEConfig, tables: list[torch.Tensor], batch: InputBatch) -> torch.Tensor:
     """Pooled output from fp32 copies of the tables (one table upcast at a time)."""
     outputs = []
-    for table, (indices, offsets, weights) in zip(tables, _per_table_inputs(cfg, batch)):
+    for table, (indices, offsets, weights) in zip(tables, per_table_inputs(cfg, batch)):
         outputs.append(torch.nn.functional.embedding_bag(
             indices, table.float(), offsets, mode=cfg.pooling, per_sample_weights=weights,
             include_last_offset=True))
@@ -247,14 +215,6 @@ def ratio_pairs(self_check: bool) -> list[tuple[str, str]]:
     return [(FBGEMM, OURS)]
 
 
-def _describe(cfg: dict) -> str:
-    dims = cfg["D"] if isinstance(cfg["D"], int) else "/".join(map(str, cfg["D"]))
-    ids = "uniform" if cfg["zipf_alpha"] is None else f"zipf{cfg['zipf_alpha']}"
-    extra = " weighted" if cfg["weighted"] else ""
-    return (f"T={cfg['T']} B={cfg['B']} L={cfg['L']} E={cfg['E']:.0e} D={dims} "
-            f"{cfg['weights_precision']} {cfg['pooling']} {ids}{extra}")
-
-
 def render_markdown(report: dict) -> str:
     env, copy_bw = report["environment"], report["copy_bandwidth"]
     names = report["providers"]
@@ -286,7 +246,7 @@ def render_markdown(report: dict) -> str:
     for entry in report["configs"]:
         res = entry["providers"]
         ok = {n: res.get(n, {}).get("status") == "ok" for n in names}
-        row = [entry["name"], _describe(entry["config"]), f"{entry['distinct_row_fraction']:.0%}"]
+        row = [entry["name"], describe_config(entry["config"]), f"{entry['distinct_row_fraction']:.0%}"]
         row += [f"{res[n]['median_ms']:.4g}" if ok[n] else "n/a" for n in names]
         row += [f"{res[n]['tbps']:.3g} ({res[n]['pct_copy_bw']:.3g}%)" if ok[n] else "n/a" for n in names]
         row += [f"{entry['ratios'][p]:.3f}" if p in entry["ratios"] else "n/a" for p in pairs]

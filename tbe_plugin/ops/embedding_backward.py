@@ -4,8 +4,9 @@ No dense gradient is ever materialized. The backward of one batch:
 
 1. ``_positions_kernel``: for every id, its global row (rows of all tables stacked, with
    the forward's bounds repair) and its bag. Ids outside every bag get a sentinel row.
-2. ``torch.sort`` (stable) of the global rows: equal rows form contiguous runs; the
-   stable order makes every sum below deterministic.
+2. ``torch.sort`` (stable) of the global rows, as int32 when all tables together have
+   fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
+   runs; the stable order makes every sum below deterministic.
 3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers the output-gradient
    rows of its ids (scaled by per-sample weight and 1/L for MEAN), sums them per run with
    a segmented scan, and applies the optimizer to every run that starts and ends inside
@@ -40,8 +41,6 @@ from tbe_plugin.ops.indexing import (
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update
 
-SENTINEL_ROW = torch.iinfo(torch.int64).max
-_SENTINEL_ROW = tl.constexpr(SENTINEL_ROW)
 
 
 @triton.jit
@@ -107,7 +106,7 @@ def _chunk_kernel(
     grad_ptr, grad_stride, sorted_rows_ptr, perm_ptr, bag_ptr, offsets_ptr, psw_ptr,
     feature_meta_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr, scratch_ptr,
     step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    B, total_bags, num_indices,
+    B, total_bags, num_indices, sentinel,
     UNPOOLED: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -115,8 +114,8 @@ def _chunk_kernel(
     chunk = tl.program_id(0).to(tl.int64)
     q = chunk * CHUNK + tl.arange(0, CHUNK)
     in_range = q < num_indices
-    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=_SENTINEL_ROW)
-    valid = row != _SENTINEL_ROW
+    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
+    valid = row != sentinel
     prev = tl.load(sorted_rows_ptr + q - 1, mask=valid & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=valid & (q + 1 < num_indices), other=-1)
     head = valid & (row != prev)
@@ -151,7 +150,7 @@ def _chunk_kernel(
 def _crossing_kernel(
     sorted_rows_ptr, perm_ptr, bag_ptr, feature_meta_ptr, weights_ptr, momentum1_ptr,
     momentum2_ptr, pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    B, num_indices,
+    B, num_indices, sentinel,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -162,7 +161,7 @@ def _crossing_kernel(
     row = tl.load(sorted_rows_ptr + last)
     after = tl.load(sorted_rows_ptr + last + 1, mask=last + 1 < num_indices, other=-1)
     before = tl.load(sorted_rows_ptr + first - 1, mask=first > 0, other=-1)
-    if (row != _SENTINEL_ROW) & (after == row) & (before != row):
+    if (row != sentinel) & (after == row) & (before != row):
         cols = tl.arange(0, BLOCK_D)
         total = tl.load(pieces_ptr + chunk * 2 * BLOCK_D + BLOCK_D + cols)
         next_chunk = chunk + 1
@@ -187,13 +186,13 @@ def _crossing_kernel(
 @triton.jit
 def _psw_grad_kernel(
     grad_ptr, grad_stride, weights_ptr, feature_meta_ptr, rows_ptr, bag_ptr, offsets_ptr,
-    out_ptr, scratch_ptr, B, total_bags, num_indices,
+    out_ptr, scratch_ptr, B, total_bags, num_indices, sentinel,
     MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """d loss / d per_sample_weight[p] = <grad of p's bag, p's weight row> (/ L for MEAN)."""
     p = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row = tl.load(rows_ptr + p, mask=p < num_indices, other=_SENTINEL_ROW)
-    valid = row != _SENTINEL_ROW
+    row = tl.load(rows_ptr + p, mask=p < num_indices, other=sentinel)
+    valid = row != sentinel
     bag = tl.load(bag_ptr + p, mask=valid, other=0)
     meta = feature_meta_ptr + (bag // B) * _META_COLS
     dim = tl.load(meta + _META_DIM, mask=valid, other=0)
@@ -214,6 +213,8 @@ def _psw_grad_kernel(
 
 
 CHUNK = 32
+# Global rows are sorted as int32 below this many rows in all, int64 from there on.
+INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
 def backward_update(
@@ -224,6 +225,7 @@ def backward_update(
     step: Optional[torch.Tensor],
     feature_meta: torch.Tensor,
     max_dim: int,
+    total_rows: int,
     indices: torch.Tensor,
     offsets: torch.Tensor,
     per_sample_weights: Optional[torch.Tensor],
@@ -246,7 +248,9 @@ def backward_update(
     total_bags = num_features * B
     grad_output = grad_output.contiguous()
     scratch = new_status(device)  # the forward already reported bad input
-    rows = torch.full((N,), SENTINEL_ROW, dtype=torch.int64, device=device)
+    key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
+    sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
+    rows = torch.full((N,), sentinel, dtype=key_dtype, device=device)
     bags = torch.zeros(N, dtype=torch.int64, device=device)
     _positions_kernel[(triton.cdiv(B, 16), num_features)](
         feature_meta, indices, offsets, rows, bags, scratch, B, total_bags, N,
@@ -258,7 +262,7 @@ def backward_update(
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
         _psw_grad_kernel[(triton.cdiv(N, 32),)](
             grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
-            psw_grad, scratch, B, total_bags, N,
+            psw_grad, scratch, B, total_bags, N, sentinel,
             MEAN=mean, CHECK=bounds_check, BLOCK_N=32, BLOCK_D=min(block_d, 128), num_warps=2,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
@@ -279,12 +283,12 @@ def backward_update(
     psw = per_sample_weights if per_sample_weights is not None else grad_output
     _chunk_kernel[(num_chunks,)](
         grad_output, grad_output.stride(0), sorted_rows, perm, bags, offsets, psw,
-        feature_meta, weights, m1, m2, pieces, scratch, step, *hyper, B, total_bags, N,
+        feature_meta, weights, m1, m2, pieces, scratch, step, *hyper, B, total_bags, N, sentinel,
         UNPOOLED=pooling == Pooling.NONE, MEAN=mean, WEIGHTED=per_sample_weights is not None,
         CHECK=bounds_check, num_warps=4, **modes,
     )  # fmt: skip
     _crossing_kernel[(num_chunks,)](
-        sorted_rows, perm, bags, feature_meta, weights, m1, m2, pieces, step, *hyper, B, N,
+        sorted_rows, perm, bags, feature_meta, weights, m1, m2, pieces, step, *hyper, B, N, sentinel,
         num_warps=4, **modes,
     )  # fmt: skip
     return psw_grad

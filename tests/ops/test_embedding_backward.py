@@ -109,6 +109,15 @@ def test_weight_decay(optimizer, mode):
     train_and_compare(emb, optimizer, steps=2, lr=0.05, weight_decay=0.1, weight_decay_mode=mode)
 
 
+def test_int64_row_keys(monkeypatch):
+    """Tables with 2**31 rows or more in all sort int64 keys: same results."""
+    from tbe_plugin.ops import embedding_backward
+
+    monkeypatch.setattr(embedding_backward, "INT32_KEYS_BELOW", 0)
+    emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
+
+
 def test_hot_rows_spanning_many_chunks():
     """One row in most lookups: its run crosses dozens of 32-id chunks."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)

@@ -12,7 +12,8 @@ No dense gradient is ever materialized. The backward of one batch:
    a segmented scan, and applies the optimizer to every run that starts and ends inside
    the chunk. For runs that cross a chunk boundary it writes the chunk's piece.
 4. ``_crossing_kernel``: one program per run that crosses chunks (hot rows), adding its
-   pieces in chunk order and applying the optimizer. A hot row never serializes a chunk.
+   pieces SPAN chunks at a time and applying the optimizer. A hot row never serializes a
+   chunk, and its own sum takes len / (CHUNK * SPAN) steps.
 
 The optimizer update itself (``optimizers.apply_update``) sees each touched row once
 per step with its exact aggregated gradient, as FBGEMM's exact optimizers do.
@@ -152,7 +153,7 @@ def _crossing_kernel(
     momentum2_ptr, pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
     B, num_indices, sentinel,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     """The run that begins in this chunk and goes on past it: add its pieces, update."""
     chunk = tl.program_id(0).to(tl.int64)
@@ -164,15 +165,27 @@ def _crossing_kernel(
     if (row != sentinel) & (after == row) & (before != row):
         cols = tl.arange(0, BLOCK_D)
         total = tl.load(pieces_ptr + chunk * 2 * BLOCK_D + BLOCK_D + cols)
+        # The pieces that follow, SPAN chunks per step: chunk k belongs to the run while
+        # every chunk before it (from chunk + 1) hands the run on to the next chunk.
+        num_chunks = (num_indices + CHUNK - 1) // CHUNK
+        span = tl.arange(0, SPAN)
         next_chunk = chunk + 1
         going_on = row == row  # a tensor, as the loop reassigns it
         while going_on:
-            total += tl.load(pieces_ptr + next_chunk * 2 * BLOCK_D + cols)
-            end = tl.minimum(next_chunk * CHUNK + CHUNK, num_indices) - 1
-            tail_row = tl.load(sorted_rows_ptr + end)
-            beyond = tl.load(sorted_rows_ptr + end + 1, mask=end + 1 < num_indices, other=-1)
-            going_on = (tail_row == row) & (beyond == row)
-            next_chunk += 1
+            ks = next_chunk + span
+            exists = ks < num_chunks
+            ends = tl.minimum(ks * CHUNK + CHUNK, num_indices) - 1
+            tail_row = tl.load(sorted_rows_ptr + ends, mask=exists, other=-1)
+            beyond = tl.load(sorted_rows_ptr + ends + 1, mask=exists & (ends + 1 < num_indices), other=-1)
+            hands_on = exists & (tail_row == row) & (beyond == row)
+            stop = tl.min(tl.where(hands_on, SPAN, span), axis=0)  # last chunk of the run
+            member = exists & (span <= stop)
+            piece = tl.load(
+                pieces_ptr + ks[:, None] * 2 * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0
+            )
+            total += tl.sum(piece, axis=0)
+            going_on = stop == SPAN
+            next_chunk += SPAN
         p = tl.load(perm_ptr + last)
         feature = tl.load(bag_ptr + p) // B
         one = tl.arange(0, 1)
@@ -213,6 +226,7 @@ def _psw_grad_kernel(
 
 
 CHUNK = 32
+CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
@@ -289,6 +303,6 @@ def backward_update(
     )  # fmt: skip
     _crossing_kernel[(num_chunks,)](
         sorted_rows, perm, bags, feature_meta, weights, m1, m2, pieces, step, *hyper, B, N, sentinel,
-        num_warps=4, **modes,
+        SPAN=CROSSING_SPAN, num_warps=4, **modes,
     )  # fmt: skip
     return psw_grad

@@ -118,8 +118,13 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
-def test_hot_rows_spanning_many_chunks():
-    """One row in most lookups: its run crosses dozens of 32-id chunks."""
+@pytest.mark.parametrize("span", [16, 2])
+def test_hot_rows_spanning_many_chunks(monkeypatch, span):
+    """One row in most lookups: its run crosses a dozen 32-id chunks (with span 2, the
+    crossing kernel needs several steps to collect them)."""
+    from tbe_plugin.ops import embedding_backward
+
+    monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
 

@@ -2,6 +2,7 @@
 
 ``common`` holds what every benchmark shares (configs, input generation, timing,
 byte accounting, reports); ``forward`` is the pooled-forward benchmark, run as
-``python -m tbe_plugin.benchmarks.forward``. Benchmarks compare and report; they never
+``python -m tbe_plugin.benchmarks.forward``; ``backward`` the backward + fused-optimizer
+benchmark, ``python -m tbe_plugin.benchmarks.backward``. Benchmarks compare and report; they never
 assert a time. Nothing in the library imports this package.
 """

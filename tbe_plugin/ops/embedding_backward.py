@@ -98,7 +98,7 @@ def _gather_gradients(
         scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
     if MEAN:
         start, end = _checked_bag_bounds(offsets_ptr, bag, valid, num_indices, total_bags, scratch_ptr, CHECK)
-        scale *= 1.0 / tl.maximum(end - start, 1).to(tl.float32)
+        scale *= tl.div_rn(1.0, tl.maximum(end - start, 1).to(tl.float32))
     return g * scale[:, None], feature
 
 
@@ -221,7 +221,7 @@ def _psw_grad_kernel(
         acc += tl.sum(w.to(tl.float32) * g.to(tl.float32), axis=1)
     if MEAN:
         start, end = _checked_bag_bounds(offsets_ptr, bag, valid, num_indices, total_bags, scratch_ptr, CHECK)
-        acc = acc / tl.maximum(end - start, 1).to(tl.float32)
+        acc = tl.div_rn(acc, tl.maximum(end - start, 1).to(tl.float32))
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 

@@ -94,7 +94,7 @@ def _pooled_forward_kernel(
             vals = vals * w.to(tl.float32)[:, :, None]
         acc += tl.sum(vals, axis=0)
     if MEAN:
-        inv = tl.where(length > 0, 1.0 / tl.maximum(length, 1).to(tl.float32), 0.0)
+        inv = tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
         acc = acc * inv[:, None]
     out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
     tl.store(

@@ -2,8 +2,11 @@
 
 ``apply_update`` takes the exact aggregated gradient of a tile of rows (one row per
 lane, inactive lanes masked) and updates the weights and optimizer state in place.
-The formulas follow FBGEMM's code generator (``codegen/genscript/optimizers.py``):
-the order of operations is FBGEMM's, so results agree to fp32 rounding.
+The formulas follow FBGEMM's code generator (``codegen/genscript/optimizers.py``), in
+its order of operations, with IEEE-rounded division and square root (``div_rn``,
+``sqrt_rn``: Triton's plain ``/`` and ``sqrt`` are approximate on GPUs, CUDA's are not).
+Results agree with FBGEMM's to fp32 rounding; FBGEMM computes Adam's bias correction in
+fp64 (C++ double literals), we in fp32, a difference of an ulp or so.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
@@ -115,9 +118,9 @@ def apply_update(
         if WEIGHT_DECAY_MODE == _WD_L2:
             g = tl.where(mask, g + weight_decay * w, 0.0)
         m_ptrs = momentum1_ptr + m1_base + local
-        m = tl.load(m_ptrs, mask=active, other=0.0) + tl.sum(g * g, axis=1) / dim_f
+        m = tl.load(m_ptrs, mask=active, other=0.0) + tl.div_rn(tl.sum(g * g, axis=1), dim_f)
         tl.store(m_ptrs, m, mask=active)
-        multiplier = lr / (tl.sqrt(m) + eps)
+        multiplier = tl.div_rn(lr, tl.sqrt_rn(m) + eps)
         if WEIGHT_DECAY_MODE == _WD_DECOUPLE:
             w = w * (1.0 - lr * weight_decay)
         w = w - multiplier[:, None] * g
@@ -125,7 +128,7 @@ def apply_update(
         m_ptrs = momentum1_ptr + m1_base[:, None] + element
         m = tl.load(m_ptrs, mask=mask, other=0.0) + g * g
         tl.store(m_ptrs, m, mask=mask)
-        w = w - lr * g / (tl.sqrt(m) + eps)
+        w = w - tl.div_rn(lr * g, tl.sqrt_rn(m) + eps)
     else:
         # Adam family and LAMB: bias-corrected moments with the module's step count;
         # weight decay enters the update (``+ weight_decay * w``), as in FBGEMM.
@@ -133,26 +136,26 @@ def apply_update(
         m1_ptrs = momentum1_ptr + m1_base[:, None] + element
         m1 = beta1 * tl.load(m1_ptrs, mask=mask, other=0.0) + (1.0 - beta1) * g
         tl.store(m1_ptrs, m1, mask=mask)
-        m1_hat = m1 / (1.0 - tl.exp2(t * tl.log2(beta1)))
+        m1_hat = tl.div_rn(m1, 1.0 - tl.exp2(t * tl.log2(beta1)))
         if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
             m2_ptrs = momentum2_ptr + m2_base + local
             m2 = beta2 * tl.load(m2_ptrs, mask=active, other=0.0) + (1.0 - beta2) * (
-                tl.sum(g * g, axis=1) / dim_f
+                tl.div_rn(tl.sum(g * g, axis=1), dim_f)
             )
             tl.store(m2_ptrs, m2, mask=active)
-            m2_hat = (m2 / (1.0 - tl.exp2(t * tl.log2(beta2))))[:, None]
+            m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))[:, None]
         else:
             m2_ptrs = momentum2_ptr + m2_base[:, None] + element
             m2 = beta2 * tl.load(m2_ptrs, mask=mask, other=0.0) + (1.0 - beta2) * g * g
             tl.store(m2_ptrs, m2, mask=mask)
-            m2_hat = m2 / (1.0 - tl.exp2(t * tl.log2(beta2)))
-        update = tl.where(mask, m1_hat / (tl.sqrt(m2_hat) + eps) + weight_decay * w, 0.0)
+            m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))
+        update = tl.where(mask, tl.div_rn(m1_hat, tl.sqrt_rn(m2_hat) + eps) + weight_decay * w, 0.0)
         if OPTIMIZER == _LAMB:
-            w_norm = tl.sqrt(tl.sum(w * w, axis=1))
-            u_norm = tl.sqrt(tl.sum(update * update, axis=1))
+            w_norm = tl.sqrt_rn(tl.sum(w * w, axis=1))
+            u_norm = tl.sqrt_rn(tl.sum(update * update, axis=1))
             # FBGEMM: ratio = |w| / |update| (a zero row stays zero); a zero update moves
             # nothing whatever the ratio, where FBGEMM's 0/0 would write NaN.
-            ratio = w_norm / tl.where(u_norm > 0, u_norm, 1.0)
+            ratio = tl.div_rn(w_norm, tl.where(u_norm > 0, u_norm, 1.0))
             update = update * ratio[:, None]
         w = w - lr * update
     # Random stream per (row, column); int32 offsets (wrapping) are plenty for rounding noise.

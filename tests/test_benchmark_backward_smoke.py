@@ -1,0 +1,118 @@
+"""End-to-end smoke test of the backward + fused-optimizer A/B benchmark on CPU.
+
+Runs ``python -m tbe_plugin.benchmarks.backward --smoke`` in a fresh subprocess (so that
+TRITON_INTERPRET is set before triton is first imported) and checks the reports: every
+config, optimizer, mode and provider present, and ours matching FBGEMM's updated weights
+and optimizer states wherever FBGEMM's CPU TBE runs (a torch fp32 reference elsewhere).
+Times are recorded, never asserted. Also checks the backward byte count and the
+untimed-setup variant of ``common.time_alternating`` directly.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tbe_plugin.benchmarks.backward import (
+    MODES, OPTIMIZERS, REFERENCE_CONFIG, SORT_BYTES_PER_LOOKUP, SUITE_OPTIMIZER, backward_bytes,
+)
+from tbe_plugin.benchmarks.common import InputBatch, TBEConfig, time_alternating
+from tbe_plugin.benchmarks.forward import SMOKE_CONFIGS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROVIDERS = ["ours", "fbgemm"]
+# What FBGEMM 1.8's CPU TBE trains; the Adam family is CUDA-only there.
+FBGEMM_CPU_OPTIMIZERS = {"EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD"}
+
+
+def expected_entries() -> list[tuple[str, str]]:
+    reference = REFERENCE_CONFIG["smoke"]
+    return [(cfg.name, optimizer) for cfg in SMOKE_CONFIGS
+            for optimizer in (OPTIMIZERS if cfg.name == reference else [SUITE_OPTIMIZER])]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("bench-out")
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "tbe_plugin.benchmarks.backward", "--smoke",
+               "--iters", "2", "--warmup", "1", "--out", str(out_dir)]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"benchmark failed:\n{done.stdout}\n{done.stderr}"
+    report = json.loads((out_dir / "backward.json").read_text())
+    return report, (out_dir / "backward.md").read_text(), done.stdout
+
+
+def test_every_config_optimizer_mode_and_provider_is_reported(smoke_run):
+    report, markdown, stdout = smoke_run
+    assert report["providers"] == PROVIDERS and report["modes"] == list(MODES)
+    assert [(e["name"], e["optimizer"]) for e in report["entries"]] == expected_entries()
+    for entry in report["entries"]:
+        assert set(entry["providers"]) == set(PROVIDERS), entry["name"]
+        for name, result in entry["providers"].items():
+            if result["status"] != "ok":
+                assert result["reason"], (entry["name"], entry["optimizer"], name)
+                continue
+            assert set(result["modes"]) == set(MODES)
+            for stats in result["modes"].values():
+                assert all(math.isfinite(stats[k]) for k in ("median_ms", "p10_ms", "p90_ms", "tbps"))
+        assert entry["bytes"]["bwd"]["total"] > 0 and entry["bytes"]["fwd"]["total"] > 0
+    assert report["copy_bandwidth"]["tbps"] > 0
+    assert set(report["geomean"]) == set(MODES)
+    for mode in MODES:
+        assert f"## {mode}\n" in markdown
+    for name, optimizer in expected_entries():
+        assert f"| {name} | {optimizer} |" in markdown
+    for name in PROVIDERS:
+        assert f"{name} ms" in markdown
+    assert markdown.count("| geomean |") == len(MODES)
+    assert "bwd bytes: bytes = " in markdown
+    assert markdown.strip() in stdout
+
+
+def test_ours_matches_fbgemm_after_one_step(smoke_run):
+    report, markdown, _ = smoke_run
+    for entry in report["entries"]:
+        key = (entry["name"], entry["optimizer"])
+        ours, fbgemm = entry["providers"]["ours"], entry["providers"]["fbgemm"]
+        assert ours["status"] == "ok", (key, ours.get("reason"))
+        fbgemm_runs = (entry["config"]["weights_precision"] != "bf16"
+                       and entry["optimizer"] in FBGEMM_CPU_OPTIMIZERS)
+        assert (fbgemm["status"] == "ok") == fbgemm_runs, (key, fbgemm.get("reason"))
+        assert entry["reference"] == ("fbgemm" if fbgemm_runs else "torch-fp32"), key
+        assert set(entry["ratios"]) == (set(MODES) if fbgemm_runs else set()), key
+        assert ours["matches"], (key, ours["weights_max_abs_diff"], ours["states_max_abs_diff"])
+        if entry["config"]["weights_precision"] == "fp32":
+            assert ours["weights_max_abs_diff"] < 1e-6, key
+    assert report["mismatches"] == []
+    assert "MISMATCH" not in markdown
+
+
+def test_backward_bytes_counts_distinct_rows_and_state():
+    cfg = TBEConfig("bytes", T=2, B=3, L=2, E=10, D=(4, 8), weighted=True)
+    indices = torch.zeros(cfg.T * cfg.B * cfg.L, dtype=torch.int64)
+    offsets = torch.arange(0, indices.numel() + 1, cfg.L, dtype=torch.int64)
+    batch = InputBatch(indices, offsets, torch.ones(indices.numel()))
+    moved = backward_bytes(cfg, batch, distinct=[1, 2], state_bytes=[4, 8 * 4])
+    assert moved["grad_output"] == 3 * 12 * 4
+    assert moved["rows"] == 2 * (1 * 4 + 2 * 8) * 4
+    assert moved["optimizer_state"] == 2 * (1 * 4 + 2 * 32)
+    assert moved["indices"] == 12 * 8 + 7 * 8 + 12 * 4
+    assert moved["sort"] == 12 * SORT_BYTES_PER_LOOKUP
+    assert moved["total"] == sum(moved[k] for k in ("grad_output", "rows", "optimizer_state", "indices", "sort"))
+
+
+def test_time_alternating_passes_the_untimed_setup_result():
+    seen = {"a": [], "b": []}
+    calls = {name: (lambda arg, name=name: seen[name].append(arg)) for name in seen}
+    prepare = {name: (lambda i, name=name: (name, i)) for name in seen}
+    samples = time_alternating(calls, iters=3, warmup=2, device=torch.device("cpu"), prepare=prepare)
+    assert {name: len(s) for name, s in samples.items()} == {"a": 3, "b": 3}
+    for name in seen:
+        assert seen[name] == [(name, 0), (name, 1), (name, 0), (name, 1), (name, 2)]

@@ -51,7 +51,7 @@ def _positions_kernel(
     CHECK: tl.constexpr, BAGS: tl.constexpr, BLOCK_L: tl.constexpr,
 ):  # fmt: skip
     """Global row and bag of every id, bag by bag (the forward's tiling)."""
-    feature = tl.program_id(1)
+    feature = tl.program_id(1).to(tl.int64)
     meta = feature_meta_ptr + feature * _META_COLS
     rows = tl.load(meta + _META_ROWS)
     row_base = tl.load(meta + _META_ROW_BASE)

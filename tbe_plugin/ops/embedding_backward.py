@@ -225,8 +225,15 @@ def _psw_grad_kernel(
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
-CHUNK = 32
+# Ids per chunk times BLOCK_D stays at 2048 elements over 8 warps: the gradient tile, its
+# scan and the optimizer's row tiles then fit in registers (no spills at sm_90 for any
+# optimizer, D 32..512, by ptxas); 32 x 128 over 4 warps spilled 0.6-1.2 KB a thread.
+CHUNK_ELEMENTS = 2048
+CHUNK_WARPS = 8
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
+CROSSING_WARPS = 4
+POSITIONS_CONFIG = dict(BAGS=16, BLOCK_L=2, num_warps=1)
+PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
@@ -266,21 +273,22 @@ def backward_update(
     sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
     rows = torch.full((N,), sentinel, dtype=key_dtype, device=device)
     bags = torch.zeros(N, dtype=torch.int64, device=device)
-    _positions_kernel[(triton.cdiv(B, 16), num_features)](
+    _positions_kernel[(triton.cdiv(B, POSITIONS_CONFIG["BAGS"]), num_features)](
         feature_meta, indices, offsets, rows, bags, scratch, B, total_bags, N,
-        CHECK=bounds_check, BAGS=16, BLOCK_L=2, num_warps=1,
+        CHECK=bounds_check, **POSITIONS_CONFIG,
     )  # fmt: skip
     block_d = max(16, triton.next_power_of_2(max_dim))
     mean = pooling == Pooling.MEAN
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
-        _psw_grad_kernel[(triton.cdiv(N, 32),)](
+        _psw_grad_kernel[(triton.cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
             grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
             psw_grad, scratch, B, total_bags, N, sentinel,
-            MEAN=mean, CHECK=bounds_check, BLOCK_N=32, BLOCK_D=min(block_d, 128), num_warps=2,
+            MEAN=mean, CHECK=bounds_check, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
-    num_chunks = triton.cdiv(N, CHUNK)
+    chunk = max(2, CHUNK_ELEMENTS // block_d)
+    num_chunks = triton.cdiv(N, chunk)
     pieces = torch.empty(num_chunks * 2 * block_d, dtype=torch.float32, device=device)
     if step is None:
         step = rows  # never read: only Adam and LAMB take a step count
@@ -291,7 +299,7 @@ def backward_update(
         OPTIMIZER=args.optimizer,
         WEIGHT_DECAY_MODE=args.weight_decay_mode,
         STOCHASTIC_ROUNDING=args.stochastic_rounding,
-        CHUNK=CHUNK,
+        CHUNK=chunk,
         BLOCK_D=block_d,
     )
     psw = per_sample_weights if per_sample_weights is not None else grad_output
@@ -299,10 +307,10 @@ def backward_update(
         grad_output, grad_output.stride(0), sorted_rows, perm, bags, offsets, psw,
         feature_meta, weights, m1, m2, pieces, scratch, step, *hyper, B, total_bags, N, sentinel,
         UNPOOLED=pooling == Pooling.NONE, MEAN=mean, WEIGHTED=per_sample_weights is not None,
-        CHECK=bounds_check, num_warps=4, **modes,
+        CHECK=bounds_check, num_warps=CHUNK_WARPS, **modes,
     )  # fmt: skip
     _crossing_kernel[(num_chunks,)](
         sorted_rows, perm, bags, feature_meta, weights, m1, m2, pieces, step, *hyper, B, N, sentinel,
-        SPAN=CROSSING_SPAN, num_warps=4, **modes,
+        SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

@@ -1,0 +1,115 @@
+"""Compile every kernel family for sm_90 on a machine without a GPU, and report spills.
+
+The Triton interpreter accepts programs the GPU compiler rejects (an int32 index meeting
+an int64 constant, a Python bool loop flag re-bound to a tensor), so CI also compiles the
+kernels for real: Triton's wheel ships ptxas, and compiling needs no device. Run as a
+script (``TRITON_INTERPRET=0``); it prints one JSON line per kernel variant.
+"""
+
+import json
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported, whatever conftest did
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
+from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
+FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "pieces_ptr", "out_ptr",
+                  "momentum1_ptr", "momentum2_ptr")  # fmt: skip
+
+
+def signature(fn, constexprs, weights, keys):
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name == "weights_ptr":
+            sig[name] = weights
+        elif name in ("sorted_rows_ptr", "rows_ptr", "rows_out_ptr"):
+            sig[name] = keys
+        elif name in FLOAT_POINTERS:
+            sig[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            sig[name] = "*i64"
+        else:
+            sig[name] = "fp32" if name in FLOAT_ARGS else "i32"
+    return sig
+
+
+def stack_bytes(kernel) -> int:
+    """Per-thread local memory (spills) from the cubin's resource usage."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nvidia
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    match = re.search(r"STACK:(\d+)", usage)
+    return int(match.group(1)) if match else -1
+
+
+def variants():
+    """The launch configurations the launchers use, for fp32 and fp16 weights."""
+    for weights, elem in (("*fp32", 4), ("*fp16", 2)):
+        for avg_len in (1, 4, 20, 100):
+            bags, block_l, block_d, warps, _ = forward.pooled_launch_config(avg_len, 128, elem)
+            for mean, weighted in ((False, False), (True, True)):
+                yield forward._pooled_forward_kernel, dict(
+                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
+                    BLOCK_D=block_d,
+                ), warps, weights, "*i32"  # fmt: skip
+        block_n, block_d, warps = forward.unpooled_launch_config(128, elem)
+        yield forward._unpooled_forward_kernel, dict(
+            WEIGHTED=False, CHECK=True, ALIGN=4, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
+        ), warps, weights, "*i32"
+        rounding = weights != "*fp32"
+        for block_d in (128, 512):
+            chunk = max(2, backward.CHUNK_ELEMENTS // block_d)
+            for optimizer in range(6):
+                yield backward._chunk_kernel, dict(
+                    UNPOOLED=False, MEAN=True, WEIGHTED=True, CHECK=True, OPTIMIZER=optimizer,
+                    WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0, STOCHASTIC_ROUNDING=rounding,
+                    CHUNK=chunk, BLOCK_D=block_d,
+                ), backward.CHUNK_WARPS, weights, "*i32"  # fmt: skip
+                yield backward._crossing_kernel, dict(
+                    OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
+                    CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN,
+                ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
+    yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
+    positions = dict(backward.POSITIONS_CONFIG)
+    yield backward._positions_kernel, dict(CHECK=True, BAGS=positions["BAGS"],
+                                           BLOCK_L=positions["BLOCK_L"]), positions["num_warps"], "*fp32", "*i32"  # fmt: skip
+    psw = dict(backward.PSW_CONFIG)
+    yield backward._psw_grad_kernel, dict(MEAN=True, CHECK=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128), \
+        psw["num_warps"], "*fp32", "*i32"  # fmt: skip
+
+
+def main():
+    for fn, constexprs, num_warps, weights, keys in variants():
+        src = ASTSource(
+            fn=fn,
+            signature=signature(fn, constexprs, weights, keys),
+            constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        )
+        record = {"kernel": fn.__name__, "weights": weights, "constexprs": constexprs}
+        try:
+            kernel = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
+            record["stack_bytes"] = stack_bytes(kernel)
+        except Exception as error:  # reported, and failed by the test
+            record["error"] = f"{type(error).__name__}: {error}"[:2000]
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

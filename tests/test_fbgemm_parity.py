@@ -282,6 +282,14 @@ def test_weight_decay_matches_fbgemm_cuda(optimizer, mode):
 def test_training_fp16_weights_matches_fbgemm_cuda(optimizer):
     fbgemm, ours = make_training_pair([128, 64], [10_000, 2000], "cuda", optimizer,
                                       weights_dtype=torch.float16, learning_rate=0.05)  # fmt: skip
+    try:  # FBGEMM 1.6's fp16 Adam backward raised in its CUDA template on the H200
+        probe, _ = make_training_pair([128, 64], [10_000, 2000], "cuda", optimizer,
+                                      weights_dtype=torch.float16, learning_rate=0.05)  # fmt: skip
+        out = probe(torch.tensor([1, 2], device="cuda"), torch.tensor([0, 1, 2], device="cuda"))
+        out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+    except RuntimeError as error:
+        pytest.skip(f"FBGEMM cannot train {optimizer.name} with fp16 weights here: {str(error)[:200]}")
     train_both(fbgemm, ours, [10_000, 2000], steps=2, B=512, max_len=10, weighted=False, device="cuda")
 
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from tbe_plugin.ops.bounds import validate_forward_inputs
-from tbe_plugin.ops.optimizers import Optimizer, OptimizerArgs, WeightDecay
+from tbe_plugin.ops.optimizers import Optimizer, WeightDecay
+from tbe_plugin.ops.training import fused_update, merge_bounds_status_op, tbe_lookup_train_op
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
-from tbe_plugin.ops.embedding_backward import backward_update
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
@@ -252,7 +252,9 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         self._align = vector_alignment(self.table_dims, self.weights.element_size())
         # Autograd reaches the fused backward through this empty parameter, as in FBGEMM.
         self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.device))
-        self._rounding_seed = 0
+        # Seed of stochastic rounding, advanced every step; a host tensor so that it is a
+        # runtime value under torch.compile too (as is learning_rate_tensor).
+        self.rounding_seed = torch.zeros((), dtype=torch.int64)
         # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
         self.register_buffer("bounds_check_status", new_status(self.device), persistent=False)
 
@@ -395,10 +397,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         if not torch.is_grad_enabled():
             return self._lookup(indices, offsets, per_sample_weights)
         if torch.compiler.is_compiling():
-            raise NotImplementedError(
-                "TritonTableBatchedEmbeddingBags: training under torch.compile is not supported "
-                "yet; compile under torch.no_grad() for inference, or train eagerly"
-            )
+            return self._compiled_training_lookup(indices, offsets, per_sample_weights)
         return _FusedLookup.apply(self.placeholder_autograd_tensor, per_sample_weights, self, indices, offsets)
 
     def _lookup(self, indices, offsets, per_sample_weights):
@@ -418,40 +417,44 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
 
     # ----------------------------------------------------------------- backward
 
-    def _optimizer_args(self) -> OptimizerArgs:
-        self._rounding_seed += 1
-        return OptimizerArgs(
-            optimizer=int(Optimizer[self.optimizer]),
-            learning_rate=self.learning_rate_tensor.item(),
-            weight_decay_mode=int(WeightDecay[self.weight_decay_mode]),
-            stochastic_rounding=self.stochastic_rounding and self.weights_precision != torch.float32,
-            seed=self._rounding_seed,
-            **self.optimizer_args,
+    def _training_config(self) -> tuple:
+        """(max_dim, total_rows, pooling, bounds check on, optimizer, decay mode, rounding, hyper)."""
+        return (
+            max(self.table_dims),
+            sum(self.table_rows),
+            int(self.pooling_mode),
+            self.bounds_check_mode != BoundsCheck.NONE,
+            int(Optimizer[self.optimizer]),
+            int(WeightDecay[self.weight_decay_mode]),
+            self.stochastic_rounding and self.weights_precision != torch.float32,
+            [self.optimizer_args[k] for k in ("eps", "beta1", "beta2", "weight_decay")],
         )
+
+    def _state_tensors(self) -> tuple:
+        """(momentum1, momentum2, step): None where the optimizer has no such state."""
+        return tuple(getattr(self, name, None) for name in ("momentum1", "momentum2", "iter"))
 
     @torch.no_grad()
     def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
         """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward)."""
-        step = getattr(self, "iter", None)
-        if step is not None:
-            step.add_(1)
-        return backward_update(
-            grad_output,
-            self.weights,
-            getattr(self, "momentum1", None),
-            getattr(self, "momentum2", None),
-            step,
-            self.feature_meta,
-            max(self.table_dims),
-            sum(self.table_rows),
-            indices,
-            offsets,
-            per_sample_weights,
-            psw_requires_grad,
-            int(self.pooling_mode),
-            self.bounds_check_mode != BoundsCheck.NONE,
-            self._optimizer_args(),
-        )
+        max_dim, total_rows, pooling, check, optimizer, decay, rounding, hyper = self._training_config()
+        return fused_update(
+            grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
+            self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
+            psw_requires_grad, max_dim, total_rows, pooling, check, optimizer, decay, rounding, hyper,
+        )  # fmt: skip
+
+    def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
+        """The training forward as a registered op with autograd, for torch.compile."""
+        _, total_rows, pooling, _, optimizer, decay, rounding, hyper = self._training_config()
+        out, status = tbe_lookup_train_op(
+            self.placeholder_autograd_tensor, self.weights, *self._state_tensors(),
+            self.rounding_seed, self.learning_rate_tensor, self.feature_meta, indices, offsets,
+            per_sample_weights, self.feature_dims, pooling, int(self.bounds_check_mode),
+            self.output_dtype, self._align, total_rows, optimizer, decay, rounding, hyper,
+        )  # fmt: skip
+        merge_bounds_status_op(self.bounds_check_status, status, int(self.bounds_check_mode))
+        return out
 
 
 class _FusedLookup(torch.autograd.Function):

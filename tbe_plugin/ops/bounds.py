@@ -137,22 +137,27 @@ class _DeferredWarning:
 _deferred = _DeferredWarning()
 
 
-def report_bounds(
+def raise_if_fatal(
     status: torch.Tensor,
     mode: int,
     indices: torch.Tensor,
     offsets: torch.Tensor,
     rows_per_feature: torch.Tensor,
 ) -> None:
-    """Acts on the status vector after a launch, as ``mode`` says."""
-    if mode in (BoundsCheck.NONE, BoundsCheck.IGNORE):
+    """FATAL: reads the status (a sync) and raises on any bad id or offset, naming it."""
+    if mode != BoundsCheck.FATAL:
         return
-    if mode == BoundsCheck.FATAL:
-        values = status.tolist()
-        if values[STATUS_BAD_IDS] or values[STATUS_BAD_OFFSETS]:
-            message = describe_problems(values, indices, offsets, rows_per_feature)
-            status.copy_(new_status(status.device))
-            raise BoundsCheckError(f"tbe_plugin bounds check (FATAL): {message}")
+    values = status.tolist()
+    if values[STATUS_BAD_IDS] or values[STATUS_BAD_OFFSETS]:
+        message = describe_problems(values, indices, offsets, rows_per_feature)
+        status.copy_(new_status(status.device))
+        raise BoundsCheckError(f"tbe_plugin bounds check (FATAL): {message}")
+
+
+def warn_once(status: torch.Tensor, mode: int) -> None:
+    """WARNING: warns the first time this status vector shows a problem (on CUDA, from the
+    previous call's pinned copy, so that the stream never waits)."""
+    if mode != BoundsCheck.WARNING:
         return
     if status.is_cuda:
         values = _deferred.poll_and_post(status)
@@ -172,3 +177,12 @@ def report_bounds(
             RuntimeWarning,
             stacklevel=4,
         )
+
+
+def merge_status(into: torch.Tensor, update: torch.Tensor) -> None:
+    """Folds one call's status vector into a persistent one (counts add, first positions
+    take the minimum, the warned flag stays)."""
+    into[STATUS_BAD_IDS] += update[STATUS_BAD_IDS]
+    into[STATUS_BAD_OFFSETS] += update[STATUS_BAD_OFFSETS]
+    into[STATUS_FIRST_BAD_ID_POS] = torch.minimum(into[STATUS_FIRST_BAD_ID_POS], update[STATUS_FIRST_BAD_ID_POS])
+    into[STATUS_FIRST_BAD_BAG] = torch.minimum(into[STATUS_FIRST_BAD_BAG], update[STATUS_FIRST_BAD_BAG])

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.bounds import report_bounds
+from tbe_plugin.ops.bounds import raise_if_fatal, warn_once
 from tbe_plugin.ops.common import BoundsCheck, Pooling
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -280,7 +280,7 @@ def output_shape(num_indices, num_bags_plus_one, dims: Sequence[int], pooling: i
     return ((num_bags_plus_one - 1) // len(dims), sum(dims))
 
 
-def _tbe_forward_impl(
+def launch_forward(
     weights: torch.Tensor,
     feature_meta: torch.Tensor,
     indices: torch.Tensor,
@@ -295,9 +295,10 @@ def _tbe_forward_impl(
 ) -> torch.Tensor:
     """The forward of a table batch: pooled ``[B, sum(dims)]`` or unpooled ``[N, max(dims)]``.
 
-    ``feature_meta`` is ``[F, 4]`` int64 (weight offset, rows, D, output column) and
-    ``dims`` the per-feature D on the host; inputs are assumed validated
-    (``bounds.validate_forward_inputs``) except for what ``bounds_check`` covers.
+    ``feature_meta`` is ``[F, META_COLS]`` int64 (see ``indexing``) and ``dims`` the
+    per-feature D on the host; inputs are assumed validated (``bounds.validate_forward_inputs``)
+    except for what ``bounds_check`` covers: the kernels count problems into ``status``,
+    and FATAL raises here.
     """
     shape = output_shape(indices.numel(), offsets.numel(), dims, pooling)
     # The kernels write every element: each (bag, column) of a pooled output belongs to
@@ -316,7 +317,29 @@ def _tbe_forward_impl(
         out, weights, feature_meta, work, indices, offsets, per_sample_weights,
         status, pooling, bounds_check, align, config,
     )  # fmt: skip
-    report_bounds(status, bounds_check, indices, offsets, feature_meta[:, META_ROWS])
+    raise_if_fatal(status, bounds_check, indices, offsets, feature_meta[:, META_ROWS])
+    return out
+
+
+def _tbe_forward_impl(
+    weights: torch.Tensor,
+    feature_meta: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    status: torch.Tensor,
+    dims: List[int],
+    pooling: int,
+    bounds_check: int,
+    output_dtype: torch.dtype,
+    align: int,
+) -> torch.Tensor:
+    """``launch_forward``, then the WARNING mode's warn-once on the persistent status."""
+    out = launch_forward(
+        weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling,
+        bounds_check, output_dtype, align,
+    )  # fmt: skip
+    warn_once(status, bounds_check)
     return out
 
 

@@ -209,3 +209,35 @@ def test_stochastic_rounding_is_unbiased_and_within_one_ulp():
 def test_weight_decay_fbgemm_would_ignore_is_refused(optimizer, kwargs):
     with pytest.raises(NotImplementedError, match="weight_decay"):
         TritonTableBatchedEmbeddingBags([(4, 8)], optimizer=optimizer, device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
+def test_compiled_training_matches_eager(backend, optimizer):
+    """torch.compile(fullgraph=True) of a model that trains: the registered op's autograd
+    runs the fused update; weights, states, step count and psw gradients equal eager's."""
+
+    class Model(torch.nn.Module):
+        def __init__(self, emb):
+            super().__init__()
+            self.emb = emb
+
+        def forward(self, indices, offsets, psw):
+            return (self.emb(indices, offsets, psw) ** 2).sum()
+
+    eager, compiled_emb = (build(optimizer, learning_rate=0.05) for _ in range(2))
+    compiled = torch.compile(Model(compiled_emb), fullgraph=True, backend=backend)
+    rows = [eager.table_rows[t] for t in eager.feature_table_map]
+    indices, offsets = make_bags(rows, B=4, max_len=5, seed=200, hot_fraction=0.3)
+    for step in range(3):
+        compiled_emb.set_learning_rate(0.05 / (step + 1))
+        eager.set_learning_rate(0.05 / (step + 1))
+        psw_a = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)).requires_grad_()
+        psw_b = psw_a.detach().clone().requires_grad_()
+        Model(eager)(indices, offsets, psw_a).backward()
+        # The learning rate, step count and rounding seed are runtime values: no recompile.
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            compiled(indices, offsets, psw_b).backward()
+        torch.testing.assert_close(psw_b.grad, psw_a.grad)
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(compiled_emb.state_dict()[key], value, atol=1e-6, rtol=1e-6, msg=key)

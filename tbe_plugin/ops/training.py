@@ -1,0 +1,197 @@
+"""The training step as custom ops, so that ``torch.compile`` traces a model that trains.
+
+``tbe_plugin::tbe_lookup_train`` is the forward of a training step (the same kernels as
+``tbe_forward``); its registered autograd backward calls ``tbe_plugin::tbe_fused_update``,
+which applies the optimizer to the touched rows in place and declares what it mutates
+(weights, optimizer state, step count, rounding seed). Eager training uses the cheaper
+``autograd.Function`` in the module; both end in ``fused_update``.
+
+Every value that changes between steps is a tensor (learning rate, step count, rounding
+seed), so changing the learning rate never recompiles a graph or a kernel.
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from tbe_plugin.ops.bounds import merge_status, warn_once
+from tbe_plugin.ops.common import STATUS_LEN, BoundsCheck, new_status
+from tbe_plugin.ops.embedding_backward import backward_update
+from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
+from tbe_plugin.ops.optimizers import OptimizerArgs
+
+
+def fused_update(
+    grad_output: torch.Tensor,
+    weights: torch.Tensor,
+    momentum1: Optional[torch.Tensor],
+    momentum2: Optional[torch.Tensor],
+    step: Optional[torch.Tensor],
+    rounding_seed: torch.Tensor,
+    learning_rate: torch.Tensor,
+    feature_meta: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    psw_requires_grad: bool,
+    max_dim: int,
+    total_rows: int,
+    pooling: int,
+    bounds_check: bool,
+    optimizer: int,
+    weight_decay_mode: int,
+    stochastic_rounding: bool,
+    hyper: List[float],
+) -> Optional[torch.Tensor]:
+    """One optimizer step (step count and rounding seed advance first, as in FBGEMM)."""
+    if step is not None:
+        step.add_(1)
+    rounding_seed.add_(1)
+    eps, beta1, beta2, weight_decay = hyper
+    args = OptimizerArgs(
+        optimizer=optimizer,
+        learning_rate=learning_rate.item(),
+        eps=eps,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=weight_decay,
+        weight_decay_mode=weight_decay_mode,
+        stochastic_rounding=stochastic_rounding,
+        seed=int(rounding_seed.item()),
+    )
+    return backward_update(
+        grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows,
+        indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args,
+    )  # fmt: skip
+
+
+@torch.library.custom_op(
+    "tbe_plugin::tbe_fused_update",
+    mutates_args=("weights", "momentum1", "momentum2", "step", "rounding_seed"),
+)
+def tbe_fused_update_op(
+    grad_output: torch.Tensor,
+    weights: torch.Tensor,
+    momentum1: Optional[torch.Tensor],
+    momentum2: Optional[torch.Tensor],
+    step: Optional[torch.Tensor],
+    rounding_seed: torch.Tensor,
+    learning_rate: torch.Tensor,
+    feature_meta: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    psw_requires_grad: bool,
+    max_dim: int,
+    total_rows: int,
+    pooling: int,
+    bounds_check: bool,
+    optimizer: int,
+    weight_decay_mode: int,
+    stochastic_rounding: bool,
+    hyper: List[float],
+) -> torch.Tensor:
+    """``fused_update`` as an op; returns the per-sample-weight gradient (empty if none)."""
+    psw_grad = fused_update(
+        grad_output, weights, momentum1, momentum2, step, rounding_seed, learning_rate,
+        feature_meta, indices, offsets, per_sample_weights, psw_requires_grad, max_dim,
+        total_rows, pooling, bounds_check, optimizer, weight_decay_mode, stochastic_rounding, hyper,
+    )  # fmt: skip
+    return psw_grad if psw_grad is not None else grad_output.new_empty(0)
+
+
+@tbe_fused_update_op.register_fake
+def _(grad_output, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta,
+      indices, offsets, per_sample_weights, psw_requires_grad, *config):  # fmt: skip
+    return grad_output.new_empty((indices.shape[0],) if psw_requires_grad else (0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("tbe_plugin::tbe_lookup_train", mutates_args=())
+def tbe_lookup_train_op(
+    placeholder: torch.Tensor,
+    weights: torch.Tensor,
+    momentum1: Optional[torch.Tensor],
+    momentum2: Optional[torch.Tensor],
+    step: Optional[torch.Tensor],
+    rounding_seed: torch.Tensor,
+    learning_rate: torch.Tensor,
+    feature_meta: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    dims: List[int],
+    pooling: int,
+    bounds_check: int,
+    output_dtype: torch.dtype,
+    align: int,
+    total_rows: int,
+    optimizer: int,
+    weight_decay_mode: int,
+    stochastic_rounding: bool,
+    hyper: List[float],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The forward of a training step; ``placeholder`` (an empty parameter) carries autograd.
+
+    Functional, as an op with an autograd formula must be: it returns this call's bounds
+    status beside the output (FATAL has already raised); ``merge_bounds_status`` folds it
+    into the module's persistent one, where WARNING warns once.
+    """
+    status = new_status(weights.device)
+    out = launch_forward(
+        weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling,
+        bounds_check, output_dtype, align,
+    )  # fmt: skip
+    return out, status
+
+
+@tbe_lookup_train_op.register_fake
+def _(placeholder, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta,
+      indices, offsets, per_sample_weights, dims, pooling, bounds_check, output_dtype, *rest):  # fmt: skip
+    out = weights.new_empty(output_shape(indices.shape[0], offsets.shape[0], dims, pooling), dtype=output_dtype)
+    return out, weights.new_empty(STATUS_LEN, dtype=torch.int64)
+
+
+@torch.library.custom_op("tbe_plugin::merge_bounds_status", mutates_args=("into",))
+def merge_bounds_status_op(into: torch.Tensor, update: torch.Tensor, bounds_check: int) -> None:
+    """Folds a call's bounds status into the persistent one and warns once (WARNING)."""
+    merge_status(into, update)
+    warn_once(into, bounds_check)
+
+
+@merge_bounds_status_op.register_fake
+def _(into, update, bounds_check):
+    return None
+
+
+_PSW_INPUT = 10  # position of per_sample_weights among tbe_lookup_train's inputs
+_NUM_INPUTS = 21
+
+
+def _setup_context(ctx, inputs, output):
+    (_, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta, indices,
+     offsets, per_sample_weights, dims, pooling, bounds_check, _, _, total_rows, optimizer,
+     weight_decay_mode, stochastic_rounding, hyper) = inputs  # fmt: skip
+    ctx.save_for_backward(weights, momentum1, momentum2, step, rounding_seed, learning_rate,
+                          feature_meta, indices, offsets, per_sample_weights)  # fmt: skip
+    check = bounds_check != BoundsCheck.NONE
+    ctx.config = (max(dims), total_rows, pooling, check, optimizer, weight_decay_mode,
+                  stochastic_rounding, hyper)  # fmt: skip
+
+
+def _backward(ctx, grad_output, _grad_status):
+    saved = ctx.saved_tensors
+    max_dim, total_rows, pooling, check, optimizer, weight_decay_mode, rounding, hyper = ctx.config
+    psw_requires_grad = ctx.needs_input_grad[_PSW_INPUT]
+    psw_grad = torch.ops.tbe_plugin.tbe_fused_update(
+        grad_output.contiguous(), *saved, psw_requires_grad,
+        max_dim, total_rows, pooling, check, optimizer, weight_decay_mode, rounding, hyper,
+    )  # fmt: skip
+    grads = [None] * _NUM_INPUTS
+    if psw_requires_grad:
+        grads[_PSW_INPUT] = psw_grad
+    return tuple(grads)
+
+
+tbe_lookup_train_op.register_autograd(_backward, setup_context=_setup_context)

@@ -438,11 +438,12 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
         """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward)."""
         max_dim, total_rows, pooling, check, optimizer, decay, rounding, hyper = self._training_config()
-        return fused_update(
+        psw_grad = fused_update(
             grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
             self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
             psw_requires_grad, max_dim, total_rows, pooling, check, optimizer, decay, rounding, hyper,
         )  # fmt: skip
+        return psw_grad if psw_requires_grad else None
 
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
         """The training forward as a registered op with autograd, for torch.compile."""

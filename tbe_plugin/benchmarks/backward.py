@@ -25,7 +25,8 @@ from tbe_plugin.benchmarks.common import (
     ABS_TOLERANCE, FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_,
     describe_config, distinct_rows_per_table, fbgemm_api, fill_tables_uniform_, forward_bytes,
     free_device_memory, generate_batches, geomean, markdown_table, max_abs_diff, measure_copy_bandwidth,
-    outputs_match, per_table_inputs, silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
+    outputs_match, per_table_inputs, report_header, silence_fbgemm_logging, summarize_ms, time_alternating,
+    write_report,
 )
 from tbe_plugin.benchmarks.forward import FBGEMM, OURS, select_configs, tbe_module_kwargs
 
@@ -251,23 +252,12 @@ def plan(args) -> list[tuple[TBEConfig, list[str]]]:
 
 
 def render_markdown(report: dict) -> str:
-    env, copy_bw, settings = report["environment"], report["copy_bandwidth"], report["settings"]
+    settings = report["settings"]
     entries = [e for e in report["entries"] if "config" in e]
-    sources: dict[str, list[str]] = {}
-    for entry in report["configs"]:
-        sources.setdefault(entry["input_source"], []).append(entry["name"])
     header = [
-        "# TBE backward + fused optimizer: " + " vs ".join(PROVIDERS),
-        "",
-        f"- device: {env['device_name']} ({env['device']}, cuda {env.get('cuda', 'n/a')}); "
-        f"torch {env['torch']}, triton {env['triton']}, fbgemm_gpu {env['fbgemm_gpu']}, "
-        f"python {env['python']}, TRITON_INTERPRET={env['triton_interpret']}",
-        f"- copy bandwidth: {copy_bw['tbps']:.3f} TB/s (device-to-device copy_ of "
-        f"{copy_bw['bytes_per_copy'] / 2 / 2**30:.3g} GiB, read + write counted)",
-        f"- method: {report['method']}",
+        *report_header("# TBE backward + fused optimizer: " + " vs ".join(PROVIDERS), report),
         f"- training: learning rate {settings['learning_rate']}, eps {settings['eps']}, "
         "stochastic_rounding=False on both, weights U(-1, 1); each timed backward is a training step",
-        *(f"- inputs ({', '.join(names)}): {source}" for source, names in sources.items()),
         f"- fwd bytes: {FORWARD_BYTES_FORMULA}",
         f"- bwd bytes: {BACKWARD_BYTES_FORMULA}",
         f"- ratio = median ms of {FBGEMM} / median ms of {OURS}: > 1 means ours is faster.",

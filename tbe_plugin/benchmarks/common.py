@@ -440,3 +440,23 @@ def write_report(out_dir: str | Path, stem: str, payload: dict, markdown: str) -
     json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     md_path.write_text(markdown + "\n")
     return json_path, md_path
+
+
+def report_header(title: str, report: dict) -> list[str]:
+    """The markdown lines every benchmark report starts with: title, device and versions,
+    copy bandwidth, method, and where each config's inputs came from."""
+    env, copy_bw = report["environment"], report["copy_bandwidth"]
+    sources: dict[str, list[str]] = {}
+    for entry in report["configs"]:
+        sources.setdefault(entry["input_source"], []).append(entry["name"])
+    return [
+        title,
+        "",
+        f"- device: {env['device_name']} ({env['device']}, cuda {env.get('cuda', 'n/a')}); "
+        f"torch {env['torch']}, triton {env['triton']}, fbgemm_gpu {env['fbgemm_gpu']}, "
+        f"python {env['python']}, TRITON_INTERPRET={env['triton_interpret']}",
+        f"- copy bandwidth: {copy_bw['tbps']:.3f} TB/s (device-to-device copy_ of "
+        f"{copy_bw['bytes_per_copy'] / 2 / 2**30:.3g} GiB, read + write counted)",
+        f"- method: {report['method']}",
+        *(f"- inputs ({', '.join(names)}): {source}" for source, names in sources.items()),
+    ]

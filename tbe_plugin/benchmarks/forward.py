@@ -20,7 +20,7 @@ from tbe_plugin.benchmarks.common import (
     FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_, describe_config,
     distinct_row_fraction, fbgemm_api, fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches,
     geomean, markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match, per_table_inputs,
-    silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
+    report_header, silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
 )
 
 _SMOKE = dict(T=3, B=4, L=3, E=50)
@@ -216,22 +216,10 @@ def ratio_pairs(self_check: bool) -> list[tuple[str, str]]:
 
 
 def render_markdown(report: dict) -> str:
-    env, copy_bw = report["environment"], report["copy_bandwidth"]
     names = report["providers"]
     pairs = [f"{a}/{b}" for a, b in report["ratio_pairs"]]
-    sources: dict[str, list[str]] = {}
-    for entry in report["configs"]:
-        sources.setdefault(entry["input_source"], []).append(entry["name"])
     header = [
-        "# TBE pooled forward: " + " vs ".join(names),
-        "",
-        f"- device: {env['device_name']} ({env['device']}, cuda {env.get('cuda', 'n/a')}); "
-        f"torch {env['torch']}, triton {env['triton']}, fbgemm_gpu {env['fbgemm_gpu']}, "
-        f"python {env['python']}, TRITON_INTERPRET={env['triton_interpret']}",
-        f"- copy bandwidth: {copy_bw['tbps']:.3f} TB/s (device-to-device copy_ of "
-        f"{copy_bw['bytes_per_copy'] / 2 / 2**30:.3g} GiB, read + write counted)",
-        f"- method: {report['method']}",
-        *(f"- inputs ({', '.join(configs)}): {source}" for source, configs in sources.items()),
+        *report_header("# TBE pooled forward: " + " vs ".join(names), report),
         f"- bytes: {FORWARD_BYTES_FORMULA}",
         f"- ratio a/b = median ms of a / median ms of b: > 1 means b is faster. "
         f"max |diff| is against `{FBGEMM}` (or an fp32 torch reference where FBGEMM is n/a).",

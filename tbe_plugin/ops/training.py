@@ -44,8 +44,9 @@ def fused_update(
     weight_decay_mode: int,
     stochastic_rounding: bool,
     hyper: List[float],
-) -> Optional[torch.Tensor]:
-    """One optimizer step (step count and rounding seed advance first, as in FBGEMM)."""
+) -> torch.Tensor:
+    """One optimizer step (step count and rounding seed advance first, as in FBGEMM);
+    returns the per-sample-weight gradient, empty unless ``psw_requires_grad``."""
     if step is not None:
         step.add_(1)
     rounding_seed.add_(1)
@@ -61,45 +62,18 @@ def fused_update(
         stochastic_rounding=stochastic_rounding,
         seed=int(rounding_seed.item()),
     )
-    return backward_update(
+    psw_grad = backward_update(
         grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows,
         indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args,
     )  # fmt: skip
+    return psw_grad if psw_grad is not None else grad_output.new_empty(0)
 
 
-@torch.library.custom_op(
+tbe_fused_update_op = torch.library.custom_op(
     "tbe_plugin::tbe_fused_update",
+    fused_update,
     mutates_args=("weights", "momentum1", "momentum2", "step", "rounding_seed"),
 )
-def tbe_fused_update_op(
-    grad_output: torch.Tensor,
-    weights: torch.Tensor,
-    momentum1: Optional[torch.Tensor],
-    momentum2: Optional[torch.Tensor],
-    step: Optional[torch.Tensor],
-    rounding_seed: torch.Tensor,
-    learning_rate: torch.Tensor,
-    feature_meta: torch.Tensor,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    per_sample_weights: Optional[torch.Tensor],
-    psw_requires_grad: bool,
-    max_dim: int,
-    total_rows: int,
-    pooling: int,
-    bounds_check: bool,
-    optimizer: int,
-    weight_decay_mode: int,
-    stochastic_rounding: bool,
-    hyper: List[float],
-) -> torch.Tensor:
-    """``fused_update`` as an op; returns the per-sample-weight gradient (empty if none)."""
-    psw_grad = fused_update(
-        grad_output, weights, momentum1, momentum2, step, rounding_seed, learning_rate,
-        feature_meta, indices, offsets, per_sample_weights, psw_requires_grad, max_dim,
-        total_rows, pooling, bounds_check, optimizer, weight_decay_mode, stochastic_rounding, hyper,
-    )  # fmt: skip
-    return psw_grad if psw_grad is not None else grad_output.new_empty(0)
 
 
 @tbe_fused_update_op.register_fake

@@ -4,7 +4,8 @@ It takes the constructor arguments and enums of FBGEMM's
 ``SplitTableBatchedEmbeddingBagsCodegen`` (the supported subset; anything else raises,
 naming the argument), owns the flat weight buffer and the optimizer state, validates
 inputs at the host boundary and runs the forward (the ``tbe_plugin::tbe_forward``
-custom op under torch.compile).
+custom op under torch.compile) and, through autograd, the fused backward that updates the
+tables and optimizer state in place (``tbe_plugin::tbe_lookup_train`` under torch.compile).
 
 May import ``tbe_plugin.ops``; the TorchRec adapter builds on this module.
 """

@@ -31,8 +31,6 @@ from tbe_plugin.ops.common import Pooling, new_status
 from tbe_plugin.ops.indexing import (
     _META_COLS,
     _META_DIM,
-    _META_MOMENTUM1_OFFSET,
-    _META_MOMENTUM2_OFFSET,
     _META_OUT_OFFSET,
     _META_ROW_BASE,
     _META_ROWS,

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
-from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.reference import aggregate_row_gradients, optimizer_step_reference
 from tests.helpers import make_bags
 

@@ -16,7 +16,6 @@ configs and constructor arguments are the forward benchmark's.
 """
 
 import argparse
-import os
 import sys
 
 import torch
@@ -25,7 +24,7 @@ from tbe_plugin.benchmarks.common import (
     ABS_TOLERANCE, FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_,
     describe_config, distinct_rows_per_table, fbgemm_api, fill_tables_uniform_, forward_bytes,
     free_device_memory, generate_batches, geomean, markdown_table, max_abs_diff, measure_copy_bandwidth,
-    outputs_match, per_table_inputs, report_header, silence_fbgemm_logging, summarize_ms, time_alternating,
+    outputs_match, per_table_inputs, add_run_arguments, benchmark_device, fill_defaults, report_header, silence_fbgemm_logging, summarize_ms, time_alternating,
     write_report,
 )
 from tbe_plugin.benchmarks.forward import FBGEMM, OURS, select_configs, tbe_module_kwargs
@@ -326,35 +325,21 @@ def write_partial_report(report: dict, out_dir: str) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny configs; runs on CPU")
-    parser.add_argument("--configs", default=None, help="comma-separated config names (forward's)")
+    add_run_arguments(parser, "backward", "timed rounds per mode (default 20, smoke 3)")
     parser.add_argument("--optimizers", default=None,
                         help=f"comma-separated, run on every selected config; default: {SUITE_OPTIMIZER} "
                              "on every config, every optimizer on the reference config")
-    parser.add_argument("--iters", type=int, default=None, help="timed rounds per mode (default 20, smoke 3)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per provider and mode")
-    parser.add_argument("--batches", type=int, default=None, help="distinct requests cycled")
-    parser.add_argument("--copy-gib", type=float, default=None, help="size of the copy-bandwidth probe")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench-out", help="directory for backward.json/.md")
     args = parser.parse_args(argv)
-    defaults = dict(iters=3, warmup=1, batches=2, copy_gib=1 / 16) if args.smoke else \
-        dict(iters=20, warmup=3, batches=3, copy_gib=2.0)
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_defaults(args, smoke=dict(iters=3, warmup=1, batches=2, copy_gib=1 / 16),
+                  device=dict(iters=20, warmup=3, batches=3, copy_gib=2.0))
     return args
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    has_cuda = torch.cuda.is_available()
-    if not has_cuda and not args.smoke:
-        raise SystemExit("the device suite needs CUDA; use --smoke on CPU")
-    if not has_cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # see forward.main
+    device = benchmark_device(args.smoke)
+    has_cuda = device.type == "cuda"
     silence_fbgemm_logging()
-    device = torch.device("cuda", torch.cuda.current_device()) if has_cuda else torch.device("cpu")
     work = plan(args)
     copy_bw = measure_copy_bandwidth(device, int(args.copy_gib * 2**30))
     clock = "CUDA events" if has_cuda else "time.perf_counter"

@@ -460,3 +460,35 @@ def report_header(title: str, report: dict) -> list[str]:
         f"- method: {report['method']}",
         *(f"- inputs ({', '.join(names)}): {source}" for source, names in sources.items()),
     ]
+
+
+def add_run_arguments(parser, stem: str, iters_help: str) -> None:
+    """The options every benchmark takes (its own ones are added by the caller)."""
+    parser.add_argument("--smoke", action="store_true", help="tiny configs; runs on CPU")
+    parser.add_argument("--configs", default=None, help="comma-separated config names")
+    parser.add_argument("--iters", type=int, default=None, help=iters_help)
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per provider")
+    parser.add_argument("--batches", type=int, default=None, help="distinct requests cycled")
+    parser.add_argument("--copy-gib", type=float, default=None, help="size of the copy-bandwidth probe")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-out", help=f"directory for {stem}.json/.md")
+
+
+def fill_defaults(args, smoke: dict, device: dict) -> None:
+    """Options left unset take the smoke-mode or device-suite default."""
+    for key, value in (smoke if args.smoke else device).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def benchmark_device(smoke: bool) -> torch.device:
+    """CUDA for the device suite; the CPU (Triton's interpreter) only in smoke mode."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if not smoke:
+        raise SystemExit("the device suite needs CUDA; use --smoke on CPU")
+    # Must precede triton's import. `python -m tbe_plugin.benchmarks.<name>` imports the
+    # tbe_plugin package first, whose __init__ does the same; this covers main() being
+    # called from elsewhere before tbe_plugin is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return torch.device("cpu")

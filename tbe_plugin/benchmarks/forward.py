@@ -10,7 +10,6 @@ Shared machinery (configs, inputs, timing, bytes, reports) lives in ``common``.
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 
@@ -20,7 +19,7 @@ from tbe_plugin.benchmarks.common import (
     FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_, describe_config,
     distinct_row_fraction, fbgemm_api, fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches,
     geomean, markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match, per_table_inputs,
-    report_header, silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
+    add_run_arguments, benchmark_device, fill_defaults, report_header, silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
 )
 
 _SMOKE = dict(T=3, B=4, L=3, E=50)
@@ -267,22 +266,12 @@ def render_markdown(report: dict) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny configs; runs on CPU")
-    parser.add_argument("--configs", default=None, help="comma-separated config names")
-    parser.add_argument("--iters", type=int, default=None, help="timed rounds (default 50, smoke 5)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per provider")
-    parser.add_argument("--batches", type=int, default=None, help="distinct requests cycled")
+    add_run_arguments(parser, "forward", "timed rounds (default 50, smoke 5)")
     parser.add_argument("--self-check", action="store_true",
                         help="time FBGEMM vs an identical FBGEMM and ours vs ours")
-    parser.add_argument("--copy-gib", type=float, default=None, help="size of the copy-bandwidth probe")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench-out", help="directory for forward.json/.md")
     args = parser.parse_args(argv)
-    defaults = dict(iters=5, warmup=1, batches=2, copy_gib=1 / 16) if args.smoke else \
-        dict(iters=50, warmup=5, batches=4, copy_gib=2.0)
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_defaults(args, smoke=dict(iters=5, warmup=1, batches=2, copy_gib=1 / 16),
+                  device=dict(iters=50, warmup=5, batches=4, copy_gib=2.0))
     return args
 
 
@@ -300,16 +289,9 @@ def select_configs(args) -> list[TBEConfig]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    has_cuda = torch.cuda.is_available()
-    if not has_cuda and not args.smoke:
-        raise SystemExit("the device suite needs CUDA; use --smoke on CPU")
-    if not has_cuda:
-        # Must precede triton's import. `python -m tbe_plugin.benchmarks.forward` imports
-        # the tbe_plugin package first, whose __init__ does the same; this covers main()
-        # being called from elsewhere before tbe_plugin is imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    device = benchmark_device(args.smoke)
+    has_cuda = device.type == "cuda"
     silence_fbgemm_logging()
-    device = torch.device("cuda", torch.cuda.current_device()) if has_cuda else torch.device("cpu")
     configs = select_configs(args)
     copy_bw = measure_copy_bandwidth(device, int(args.copy_gib * 2**30))
     names = [FBGEMM, FBGEMM + TWIN, OURS, OURS + TWIN] if args.self_check else [OURS, FBGEMM, TORCH]

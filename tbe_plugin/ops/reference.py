@@ -7,7 +7,7 @@ in the weights' own dtype, to measure how much error that dtype alone brings.
 Lives in ``tbe_plugin.ops``: imports torch only.
 """
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -70,7 +70,7 @@ def aggregate_row_gradients(
     grad_output: torch.Tensor,
     per_sample_weights: Optional[torch.Tensor] = None,
     pooling: int = Pooling.SUM,
-) -> list:
+) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     """Per table, the dense fp32 gradient ``[rows, D]`` of the forward (duplicates summed),
     and the set of touched rows. Clear, not fast: the kernels never build these."""
     num_features = len(feature_table_map)

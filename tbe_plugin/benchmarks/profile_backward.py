@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.ops import embedding_backward
 
-CANDIDATES = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
+CANDIDATES = [(1024, 4), (2048, 8), (4096, 16)]
 
 
 def make_batch(T, B, L, E, zipf, device):
@@ -60,6 +60,23 @@ def kernel_breakdown(emb, indices, offsets, grad):
     return sorted(rows, key=lambda r: -r["cuda_ms"])[:15]
 
 
+def fbgemm_breakdown(optimizer, rows, T, D, indices, offsets, grad):
+    """FBGEMM's kernels on the same batch, for comparison ([] when fbgemm_gpu is absent)."""
+    try:
+        from tbe_plugin.benchmarks.common import fbgemm_api
+
+        api = fbgemm_api()
+        emb = api.SplitTableBatchedEmbeddingBagsCodegen(
+            [(rows, D, api.EmbeddingLocation.DEVICE, api.ComputeDevice.CUDA)] * T,
+            optimizer=api.EmbOptimType[optimizer],
+        )
+    except Exception as error:  # noqa: BLE001 - reported, not fatal
+        return [{"error": f"{type(error).__name__}: {error}"[:200]}]
+    entry = kernel_breakdown(emb, indices, offsets, grad)
+    entry.append({"name": "bwd median ms", "cuda_ms": time_backward(emb, indices, offsets, grad)})
+    return entry
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
@@ -75,7 +92,7 @@ def main():
             indices, offsets = make_batch(T, B, L, args.rows, zipf, "cuda")
             grad = torch.randn(B, T * D, device="cuda")
             entry = {"optimizer": optimizer, "zipf": zipf, "kernels": kernel_breakdown(emb, indices, offsets, grad),
-                     "candidates": []}  # fmt: skip
+                     "candidates": [], "fbgemm_kernels": fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)}  # fmt: skip
             for elements, warps in CANDIDATES:
                 embedding_backward.CHUNK_ELEMENTS, embedding_backward.CHUNK_WARPS = elements, warps
                 ms = time_backward(emb, indices, offsets, grad)

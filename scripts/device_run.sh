@@ -11,8 +11,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in "$@"; do
   echo "=== $step $(date +%T)"
   case $step in
-    fwdtests) timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "not training and not weight_decay" 2>&1 | tail -30 | tee "$OUT/gpu_fwd_tests.log" ;;
-    bwdtests) timeout ${BWD_TESTS_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "training or weight_decay" 2>&1 | tail -60 | tee "$OUT/gpu_bwd_tests.log" ;;
+    fwdtests) timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "not training and not weight_decay" 2>&1 | tee "$OUT/gpu_fwd_tests.log" | tail -30 ;;
+    bwdtests) timeout ${BWD_TESTS_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "training or weight_decay" 2>&1 | tee "$OUT/gpu_bwd_tests.log" | tail -30 ;;
     bench) timeout ${BENCH_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.forward --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench.log" ;;
     bwdbench) timeout ${BWD_BENCH_TIMEOUT:-200} python3 -m tbe_plugin.benchmarks.backward --out "$OUT" ${BWD_BENCH_ARGS:-} 2>&1 | tail -60 | tee "$OUT/bwdbench.log" ;;
     selfcheck) timeout 120 python3 -m tbe_plugin.benchmarks.forward --self-check --configs b8192,zipf1.15 --out "$OUT/selfcheck" 2>&1 | tail -20 | tee "$OUT/selfcheck.log" ;;

@@ -419,10 +419,12 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     # ----------------------------------------------------------------- backward
 
     def _training_config(self) -> tuple:
-        """(max_dim, total_rows, pooling, bounds check on, optimizer, decay mode, rounding, hyper)."""
+        """(max_dim, total_rows, row alignment, pooling, bounds check on, optimizer, decay
+        mode, rounding, hyper)."""
         return (
             max(self.table_dims),
             sum(self.table_rows),
+            self._align,
             int(self.pooling_mode),
             self.bounds_check_mode != BoundsCheck.NONE,
             int(Optimizer[self.optimizer]),
@@ -438,22 +440,21 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     @torch.no_grad()
     def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
         """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward)."""
-        max_dim, total_rows, pooling, check, optimizer, decay, rounding, hyper = self._training_config()
         psw_grad = fused_update(
             grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
             self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
-            psw_requires_grad, max_dim, total_rows, pooling, check, optimizer, decay, rounding, hyper,
+            psw_requires_grad, *self._training_config(),
         )  # fmt: skip
         return psw_grad if psw_requires_grad else None
 
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
         """The training forward as a registered op with autograd, for torch.compile."""
-        _, total_rows, pooling, _, optimizer, decay, rounding, hyper = self._training_config()
+        _, total_rows, align, pooling, _, optimizer, decay, rounding, hyper = self._training_config()
         out, status = tbe_lookup_train_op(
             self.placeholder_autograd_tensor, self.weights, *self._state_tensors(),
             self.rounding_seed, self.learning_rate_tensor, self.feature_meta, indices, offsets,
             per_sample_weights, self.feature_dims, pooling, int(self.bounds_check_mode),
-            self.output_dtype, self._align, total_rows, optimizer, decay, rounding, hyper,
+            self.output_dtype, align, total_rows, optimizer, decay, rounding, hyper,
         )  # fmt: skip
         merge_bounds_status_op(self.bounds_check_status, status, int(self.bounds_check_mode))
         return out

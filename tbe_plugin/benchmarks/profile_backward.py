@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.ops import embedding_backward
 
-CANDIDATES = [(1024, 4), (2048, 8), (4096, 16)]
+CANDIDATES = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
 
 
 def make_batch(T, B, L, E, zipf, device):
@@ -82,6 +82,7 @@ def main():
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD,ADAM")
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--no-fbgemm", action="store_true", help="skip FBGEMM's kernel breakdown")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     T, B, L, D = 32, 8192, 20, 128
@@ -92,11 +93,13 @@ def main():
             indices, offsets = make_batch(T, B, L, args.rows, zipf, "cuda")
             grad = torch.randn(B, T * D, device="cuda")
             entry = {"optimizer": optimizer, "zipf": zipf, "kernels": kernel_breakdown(emb, indices, offsets, grad),
-                     "candidates": [], "fbgemm_kernels": fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)}  # fmt: skip
+                     "candidates": [], "fbgemm_kernels": [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)}  # fmt: skip
             for elements, warps in CANDIDATES:
                 embedding_backward.CHUNK_ELEMENTS, embedding_backward.CHUNK_WARPS = elements, warps
                 ms = time_backward(emb, indices, offsets, grad)
-                entry["candidates"].append({"chunk_elements": elements, "warps": warps, "bwd_ms": ms})
+                entry["candidates"].append(
+                    {"chunk_elements": elements, "warps": warps, "bwd_ms": ms}
+                )
                 print(optimizer, "zipf" if zipf else "uniform", elements, warps, f"{ms:.3f} ms", flush=True)
             report.append(entry)
             del emb

@@ -38,120 +38,159 @@ from tbe_plugin.ops.indexing import (
     _checked_bag_bounds,
     _checked_ids,
 )
-from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update
+from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update, row_operands
 
 
 
 @triton.jit
 def _positions_kernel(
-    feature_meta_ptr, indices_ptr, offsets_ptr, rows_out_ptr, bag_out_ptr, scratch_ptr,
-    B, total_bags, num_indices,
-    CHECK: tl.constexpr, BAGS: tl.constexpr, BLOCK_L: tl.constexpr,
+    feature_meta_ptr, indices_ptr, offsets_ptr, psw_ptr, rows_out_ptr, feature_out_ptr,
+    grad_offset_out_ptr, scale_out_ptr, bag_out_ptr, scratch_ptr,
+    B, total_bags, num_indices, grad_stride,
+    UNPOOLED: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr,
+    WRITE_BAGS: tl.constexpr, BAGS: tl.constexpr, BLOCK_L: tl.constexpr,
 ):  # fmt: skip
-    """Global row and bag of every id, bag by bag (the forward's tiling)."""
+    """Per id, bag by bag (the forward's tiling): its global row (the sort key, with the
+    forward's bounds repair), its feature, where its output-gradient row starts, and the
+    factor on that row (per-sample weight, 1/L for MEAN)."""
     feature = tl.program_id(1).to(tl.int64)
     meta = feature_meta_ptr + feature * _META_COLS
     rows = tl.load(meta + _META_ROWS)
     row_base = tl.load(meta + _META_ROW_BASE)
+    out_offset = tl.load(meta + _META_OUT_OFFSET)
     b = tl.program_id(0) * BAGS + tl.arange(0, BAGS)
     b_mask = b < B
     bag = feature * B + b
     start, end = _checked_bag_bounds(offsets_ptr, bag, b_mask, num_indices, total_bags, scratch_ptr, CHECK)
     length = end - start
+    inv_len = tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))
     for l0 in range(0, tl.max(length, axis=0), BLOCK_L):
         l = l0 + tl.arange(0, BLOCK_L)
         mask = l[:, None] < length[None, :]
         pos = start[None, :] + l[:, None]
         ids = _checked_ids(indices_ptr, pos, mask, rows, scratch_ptr, CHECK)
         tl.store(rows_out_ptr + pos, row_base + ids, mask=mask)
-        tl.store(bag_out_ptr + pos, bag[None, :] + tl.zeros_like(pos), mask=mask)
+        tl.store(feature_out_ptr + pos, feature.to(tl.int32) + tl.zeros_like(pos).to(tl.int32), mask=mask)
+        if UNPOOLED:
+            grad_offset = pos * grad_stride
+        else:
+            grad_offset = b[None, :].to(tl.int64) * grad_stride + out_offset + 0 * pos
+        tl.store(grad_offset_out_ptr + pos, grad_offset, mask=mask)
+        if WEIGHTED or MEAN:
+            scale = tl.full(pos.shape, 1.0, tl.float32)
+            if WEIGHTED:
+                scale *= tl.load(psw_ptr + pos, mask=mask, other=0.0).to(tl.float32)
+            if MEAN:
+                scale *= inv_len[None, :]
+            tl.store(scale_out_ptr + pos, scale, mask=mask)
+        if WRITE_BAGS:
+            tl.store(bag_out_ptr + pos, bag[None, :] + tl.zeros_like(pos), mask=mask)
 
 
 @triton.jit
-def _segmented_sum(v1, h1, v2, h2):
-    """Combine of a segmented inclusive scan: a head (h != 0) restarts the running sum."""
-    return tl.where(h2 != 0, v2, v1 + v2), h1 | h2
+def _sorted_operands_kernel(
+    perm_ptr, feature_ptr, grad_offset_ptr, scale_ptr, sorted_feature_ptr,
+    sorted_grad_offset_ptr, sorted_scale_ptr, num_indices,
+    SCALED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The per-id operands in sorted order, so the update kernel reads them contiguously."""
+    q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = q < num_indices
+    p = tl.load(perm_ptr + q, mask=mask, other=0)
+    tl.store(sorted_feature_ptr + q, tl.load(feature_ptr + p, mask=mask, other=0), mask=mask)
+    tl.store(sorted_grad_offset_ptr + q, tl.load(grad_offset_ptr + p, mask=mask, other=0), mask=mask)
+    if SCALED:
+        tl.store(sorted_scale_ptr + q, tl.load(scale_ptr + p, mask=mask, other=0.0), mask=mask)
 
 
 @triton.jit
 def _gather_gradients(
-    grad_ptr, grad_stride, perm_ptr, bag_ptr, offsets_ptr, psw_ptr, feature_meta_ptr,
-    scratch_ptr, q, valid, cols, B, total_bags, num_indices,
-    UNPOOLED: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr,
-):  # fmt: skip
-    """Per sorted id q: its gradient row [len(q), BLOCK_D] (fp32), and its feature."""
-    p = tl.load(perm_ptr + q, mask=valid, other=0)
-    bag = tl.load(bag_ptr + p, mask=valid, other=0)
-    feature = bag // B
-    meta = feature_meta_ptr + feature * _META_COLS
-    dim = tl.load(meta + _META_DIM, mask=valid, other=0)
-    col_mask = valid[:, None] & (cols[None, :] < dim[:, None])
-    if UNPOOLED:
-        base = p * grad_stride
-    else:
-        base = (bag % B) * grad_stride + tl.load(meta + _META_OUT_OFFSET, mask=valid, other=0)
-    g = tl.load(grad_ptr + base[:, None] + cols[None, :], mask=col_mask, other=0.0).to(tl.float32)
-    scale = tl.full(p.shape, 1.0, tl.float32)
-    if WEIGHTED:
-        scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
-    if MEAN:
-        start, end = _checked_bag_bounds(offsets_ptr, bag, valid, num_indices, total_bags, scratch_ptr, CHECK)
-        scale *= tl.div_rn(1.0, tl.maximum(end - start, 1).to(tl.float32))
-    return g * scale[:, None], feature
+    grad_ptr, grad_offset_ptr, scale_ptr, q, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr
+):
+    """Output-gradient rows of sorted ids ``q`` [len(q), BLOCK_D] in fp32, scaled (row
+    starts are multiples of ALIGN: written so, Triton reads them with vector loads)."""
+    start = tl.load(grad_offset_ptr + q, mask=mask, other=0) // ALIGN * ALIGN
+    col_mask = mask[:, None] & (cols[None, :] < dim[:, None])
+    g = tl.load(grad_ptr + start[:, None] + cols[None, :], mask=col_mask, other=0.0).to(tl.float32)
+    if SCALED:
+        g = g * tl.load(scale_ptr + q, mask=mask, other=0.0)[:, None]
+    return g
 
 
 @triton.jit
 def _chunk_kernel(
-    grad_ptr, grad_stride, sorted_rows_ptr, perm_ptr, bag_ptr, offsets_ptr, psw_ptr,
-    feature_meta_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr, scratch_ptr,
-    step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    B, total_bags, num_indices, sentinel,
-    UNPOOLED: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr,
-    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+    grad_ptr, sorted_rows_ptr, sorted_feature_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    feature_meta_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
+    step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):  # fmt: skip
     chunk = tl.program_id(0).to(tl.int64)
     q = chunk * CHUNK + tl.arange(0, CHUNK)
-    in_range = q < num_indices
-    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
+    lane = tl.arange(0, CHUNK)
+    cols = tl.arange(0, BLOCK_D)
+    row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
     valid = row != sentinel
     prev = tl.load(sorted_rows_ptr + q - 1, mask=valid & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=valid & (q + 1 < num_indices), other=-1)
-    head = valid & (row != prev)
-    tail = valid & (row != nxt)
-    cols = tl.arange(0, BLOCK_D)
-    g, feature = _gather_gradients(
-        grad_ptr, grad_stride, perm_ptr, bag_ptr, offsets_ptr, psw_ptr, feature_meta_ptr,
-        scratch_ptr, q, valid, cols, B, total_bags, num_indices, UNPOOLED, MEAN, WEIGHTED, CHECK,
-    )  # fmt: skip
-    heads = (head[:, None] & (cols[None, :] >= 0)).to(tl.int32)
-    run_sum, seen_head = tl.associative_scan((g, heads), 0, _segmented_sum)
-    # seen_head: a head lies between the chunk start and q, so q's run began in this chunk.
-    started_here = tl.max(seen_head, axis=1) > 0
+    head = valid & (row != prev)  # the first id of its row's run
+    tail = valid & (row != nxt)  # the last
     last = tl.max(tl.where(valid, q, -1), axis=0)
-
-    complete = tail & started_here
+    # Pieces: the maximal runs of one row inside this chunk, each owned by the lane of
+    # its first id. The weights of rows whose run starts here are loaded first, so that
+    # load overlaps the gradient gathers.
+    piece_head = valid & ((lane == 0) | head)
+    feature = tl.load(sorted_feature_ptr + q, mask=valid, other=0)
+    dim, local, element, row_mask, w_ptrs, m1_base, m2_base = row_operands(
+        valid, row, feature, cols, feature_meta_ptr, weights_ptr, ALIGN
+    )
+    w = tl.load(w_ptrs, mask=row_mask & (piece_head & head)[:, None], other=0.0).to(tl.float32)
+    first_row = tl.load(sorted_rows_ptr + chunk * CHUNK)
+    last_row = tl.load(sorted_rows_ptr + tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1)
+    if (first_row == last_row) & (first_row != sentinel):
+        # One row fills the chunk (a hot row): gather all its ids at once and reduce.
+        g = _gather_gradients(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, valid, cols, dim, SCALED, ALIGN)
+        run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
+    else:
+        # Each piece's lane adds its ids' gradients one id per step, in sorted order.
+        run_sum = _gather_gradients(
+            grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, piece_head, cols, dim, SCALED, ALIGN
+        )
+        pos = q + 1
+        active = piece_head & (pos <= last)
+        active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+        while tl.max(active.to(tl.int32), axis=0) > 0:
+            run_sum += _gather_gradients(
+                grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, cols, dim, SCALED, ALIGN
+            )
+            pos += 1
+            active &= pos <= last
+            active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+    # The piece holding the chunk's last id goes on past the chunk when that id is not
+    # its run's tail; a piece is a whole run when it starts the run and does not go on.
+    last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
+    goes_on = piece_head & (row == last_row) & last_goes_on
+    complete = piece_head & head & ~goes_on
     apply_update(
-        run_sum, complete, row, feature, cols, feature_meta_ptr, weights_ptr, momentum1_ptr,
-        momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        run_sum, w, complete, row_mask, dim, local, element, w_ptrs, m1_base, m2_base, row, cols,
+        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN,
     )  # fmt: skip
     # Pieces of crossing runs: [chunk, 0] the first run's part (when it began earlier),
     # [chunk, 1] the last run's part (when it goes on after this chunk).
-    first_piece = valid & ~started_here & (tail | (q == last))
-    last_piece = (q == last) & ~tail
-    piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :]
-    tl.store(piece_ptrs + 0 * q[:, None], run_sum, mask=first_piece[:, None])
-    tl.store(piece_ptrs + BLOCK_D + 0 * q[:, None], run_sum, mask=last_piece[:, None])
+    piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :] + 0 * q[:, None]
+    tl.store(piece_ptrs, run_sum, mask=(piece_head & (lane == 0) & ~head)[:, None])
+    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=goes_on[:, None])
 
 
 @triton.jit
 def _crossing_kernel(
-    sorted_rows_ptr, perm_ptr, bag_ptr, feature_meta_ptr, weights_ptr, momentum1_ptr,
+    sorted_rows_ptr, sorted_feature_ptr, feature_meta_ptr, weights_ptr, momentum1_ptr,
     momentum2_ptr, pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    B, num_indices, sentinel,
+    num_indices, sentinel,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """The run that begins in this chunk and goes on past it: add its pieces, update."""
     chunk = tl.program_id(0).to(tl.int64)
@@ -184,13 +223,18 @@ def _crossing_kernel(
             total += tl.sum(piece, axis=0)
             going_on = stop == SPAN
             next_chunk += SPAN
-        p = tl.load(perm_ptr + last)
-        feature = tl.load(bag_ptr + p) // B
         one = tl.arange(0, 1)
+        rows = row + one
+        active = one >= 0
+        feature = tl.load(sorted_feature_ptr + last + one)
+        dim, local, element, row_mask, w_ptrs, m1_base, m2_base = row_operands(
+            active, rows, feature, cols, feature_meta_ptr, weights_ptr, ALIGN
+        )
+        w = tl.load(w_ptrs, mask=row_mask, other=0.0).to(tl.float32)
         apply_update(
-            total[None, :], one >= 0, row + one, feature + one, cols, feature_meta_ptr,
-            weights_ptr, momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2,
-            weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+            total[None, :], w, active, row_mask, dim, local, element, w_ptrs, m1_base, m2_base,
+            rows, cols, momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2,
+            weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN,
         )  # fmt: skip
 
 
@@ -228,6 +272,8 @@ def _psw_grad_kernel(
 # optimizer, D 32..512, by ptxas); 32 x 128 over 4 warps spilled 0.6-1.2 KB a thread.
 CHUNK_ELEMENTS = 2048
 CHUNK_WARPS = 8
+SORTED_OPERANDS_BLOCK = 1024
+SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
 CROSSING_WARPS = 4
 POSITIONS_CONFIG = dict(BAGS=16, BLOCK_L=2, num_warps=1)
@@ -245,6 +291,7 @@ def backward_update(
     feature_meta: torch.Tensor,
     max_dim: int,
     total_rows: int,
+    align: int,
     indices: torch.Tensor,
     offsets: torch.Tensor,
     per_sample_weights: Optional[torch.Tensor],
@@ -254,7 +301,10 @@ def backward_update(
     args: OptimizerArgs,
 ) -> Optional[torch.Tensor]:
     """Applies one optimizer step to every row the batch touched; returns the gradient
-    of ``per_sample_weights`` when asked (computed from the weights before the step)."""
+    of ``per_sample_weights`` when asked (computed from the weights before the step).
+
+    ``align``: a power of two dividing every table's D (``vector_alignment``): rows of the
+    weights, the output gradient and element-wise state start at its multiples."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
@@ -269,14 +319,22 @@ def backward_update(
     scratch = new_status(device)  # the forward already reported bad input
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
     sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
+    mean = pooling == Pooling.MEAN
+    weighted = per_sample_weights is not None
+    scaled = mean or weighted
     rows = torch.full((N,), sentinel, dtype=key_dtype, device=device)
-    bags = torch.zeros(N, dtype=torch.int64, device=device)
+    feature = torch.empty(N, dtype=torch.int32, device=device)
+    grad_offset = torch.empty(N, dtype=torch.int64, device=device)
+    scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
+    bags = torch.zeros(N if psw_requires_grad else 1, dtype=torch.int64, device=device)
+    psw = per_sample_weights if weighted else scale
     _positions_kernel[(triton.cdiv(B, POSITIONS_CONFIG["BAGS"]), num_features)](
-        feature_meta, indices, offsets, rows, bags, scratch, B, total_bags, N,
-        CHECK=bounds_check, **POSITIONS_CONFIG,
+        feature_meta, indices, offsets, psw, rows, feature, grad_offset, scale, bags, scratch,
+        B, total_bags, N, grad_output.stride(0),
+        UNPOOLED=pooling == Pooling.NONE, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check,
+        WRITE_BAGS=psw_requires_grad, **POSITIONS_CONFIG,
     )  # fmt: skip
     block_d = max(16, triton.next_power_of_2(max_dim))
-    mean = pooling == Pooling.MEAN
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
         _psw_grad_kernel[(triton.cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
@@ -285,6 +343,15 @@ def backward_update(
             MEAN=mean, CHECK=bounds_check, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
+    sorted_feature = torch.empty_like(feature)
+    sorted_grad_offset = torch.empty_like(grad_offset)
+    sorted_scale = torch.empty_like(scale)
+    _sorted_operands_kernel[(triton.cdiv(N, SORTED_OPERANDS_BLOCK),)](
+        perm, feature, grad_offset, scale, sorted_feature, sorted_grad_offset, sorted_scale, N,
+        SCALED=scaled, BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
+    )  # fmt: skip
+    while grad_output.stride(0) % align:
+        align //= 2
     chunk = max(2, CHUNK_ELEMENTS // block_d)
     num_chunks = triton.cdiv(N, chunk)
     pieces = torch.empty(num_chunks * 2 * block_d, dtype=torch.float32, device=device)
@@ -299,16 +366,15 @@ def backward_update(
         STOCHASTIC_ROUNDING=args.stochastic_rounding,
         CHUNK=chunk,
         BLOCK_D=block_d,
+        ALIGN=align,
     )
-    psw = per_sample_weights if per_sample_weights is not None else grad_output
     _chunk_kernel[(num_chunks,)](
-        grad_output, grad_output.stride(0), sorted_rows, perm, bags, offsets, psw,
-        feature_meta, weights, m1, m2, pieces, scratch, step, *hyper, B, total_bags, N, sentinel,
-        UNPOOLED=pooling == Pooling.NONE, MEAN=mean, WEIGHTED=per_sample_weights is not None,
-        CHECK=bounds_check, num_warps=CHUNK_WARPS, **modes,
+        grad_output, sorted_rows, sorted_feature, sorted_grad_offset, sorted_scale, feature_meta,
+        weights, m1, m2, pieces, step, *hyper, N, sentinel,
+        SCALED=scaled, num_warps=CHUNK_WARPS, **modes,
     )  # fmt: skip
     _crossing_kernel[(num_chunks,)](
-        sorted_rows, perm, bags, feature_meta, weights, m1, m2, pieces, step, *hyper, B, N, sentinel,
+        sorted_rows, sorted_feature, feature_meta, weights, m1, m2, pieces, step, *hyper, N, sentinel,
         SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

@@ -1,7 +1,8 @@
 """Fused optimizer updates on embedding rows, with FBGEMM's formulas.
 
 ``apply_update`` takes the exact aggregated gradient of a tile of rows (one row per
-lane, inactive lanes masked) and updates the weights and optimizer state in place.
+lane, inactive lanes masked) and their weights, and updates the weights and optimizer
+state in place; ``row_operands`` finds where the rows and their state live.
 The formulas follow FBGEMM's code generator (``codegen/genscript/optimizers.py``), in
 its order of operations, with IEEE-rounded division and square root (``div_rn``,
 ``sqrt_rn``: Triton's plain ``/`` and ``sqrt`` are approximate on GPUs, CUDA's are not).
@@ -90,28 +91,45 @@ def _round_to_weights(x, ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING: tl.const
 
 
 @triton.jit
-def apply_update(
-    g, active, row, feature, cols, feature_meta_ptr, weights_ptr, momentum1_ptr,
-    momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-):  # fmt: skip
-    """One optimizer step on rows ``row`` (global numbers) with gradients ``g`` [R, BLOCK_D].
+def row_operands(valid, row, feature, cols, feature_meta_ptr, weights_ptr, ALIGN: tl.constexpr):
+    """Where rows ``row`` (global numbers, one per lane) and their state live.
 
-    ``active`` masks lanes with no row to update; ``feature`` is a feature that reads
-    each row's table (its metadata gives offsets and D).
+    ``feature`` is a feature that reads each row's table (its metadata gives offsets and
+    D; every D and table offset is a multiple of ALIGN elements, which lets Triton prove
+    row starts aligned and move rows with vector loads). Returns (dim, local row, element
+    offsets within a table, element mask, weight pointers, momentum1 base, momentum2
+    base); lanes outside ``valid`` get masks that load nothing.
     """
     meta = feature_meta_ptr + feature * _META_COLS
-    dim = tl.load(meta + _META_DIM, mask=active, other=0)
-    local = row - tl.load(meta + _META_ROW_BASE, mask=active, other=0)
-    mask = active[:, None] & (cols[None, :] < dim[:, None])
-    element = local[:, None] * dim[:, None] + cols[None, :]
-    w_ptrs = weights_ptr + tl.load(meta + _META_WEIGHT_OFFSET, mask=active, other=0)[:, None] + element
-    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    dim = tl.load(meta + _META_DIM, mask=valid, other=0)
+    local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
+    mask = valid[:, None] & (cols[None, :] < dim[:, None])
+    row_start = local * (dim // ALIGN) * ALIGN
+    element = row_start[:, None] + cols[None, :]
+    w_start = (tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) // ALIGN) * ALIGN + row_start
+    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+    m1_base = tl.load(meta + _META_MOMENTUM1_OFFSET, mask=valid, other=0)
+    m2_base = tl.load(meta + _META_MOMENTUM2_OFFSET, mask=valid, other=0)
+    return dim, local, element, mask, w_ptrs, m1_base, m2_base
+
+
+@triton.jit
+def apply_update(
+    g, w, active, row_mask, dim, local, element, w_ptrs, m1_base, m2_base, row, cols,
+    momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    ALIGN: tl.constexpr,
+):  # fmt: skip
+    """One optimizer step on rows ``row`` with gradients ``g`` [R, BLOCK_D] and weights
+    ``w`` (fp32, loaded by the caller: kernels issue that load early); the operands are
+    ``row_operands``'. ``active`` masks lanes with no row to update. Element-wise
+    state starts its tables at multiples of ALIGN (as the weights do); row-wise state
+    need not.
+    """
+    mask = row_mask & active[:, None]
     g = tl.where(mask, g, 0.0)
     dim_f = tl.maximum(dim, 1).to(tl.float32)
 
-    m1_base = tl.load(meta + _META_MOMENTUM1_OFFSET, mask=active, other=0)
-    m2_base = tl.load(meta + _META_MOMENTUM2_OFFSET, mask=active, other=0)
     if OPTIMIZER == _SGD:  # FBGEMM's exact SGD has no weight decay
         w = w - lr * g
     elif OPTIMIZER == _ROWWISE_ADAGRAD:
@@ -125,7 +143,7 @@ def apply_update(
             w = w * (1.0 - lr * weight_decay)
         w = w - multiplier[:, None] * g
     elif OPTIMIZER == _ADAGRAD:  # no weight decay either
-        m_ptrs = momentum1_ptr + m1_base[:, None] + element
+        m_ptrs = momentum1_ptr + (m1_base // ALIGN * ALIGN)[:, None] + element
         m = tl.load(m_ptrs, mask=mask, other=0.0) + g * g
         tl.store(m_ptrs, m, mask=mask)
         w = w - tl.div_rn(lr * g, tl.sqrt_rn(m) + eps)
@@ -133,7 +151,7 @@ def apply_update(
         # Adam family and LAMB: bias-corrected moments with the module's step count;
         # weight decay enters the update (``+ weight_decay * w``), as in FBGEMM.
         t = tl.load(step_ptr).to(tl.float32)
-        m1_ptrs = momentum1_ptr + m1_base[:, None] + element
+        m1_ptrs = momentum1_ptr + (m1_base // ALIGN * ALIGN)[:, None] + element
         m1 = beta1 * tl.load(m1_ptrs, mask=mask, other=0.0) + (1.0 - beta1) * g
         tl.store(m1_ptrs, m1, mask=mask)
         m1_hat = tl.div_rn(m1, 1.0 - tl.exp2(t * tl.log2(beta1)))
@@ -145,7 +163,7 @@ def apply_update(
             tl.store(m2_ptrs, m2, mask=active)
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))[:, None]
         else:
-            m2_ptrs = momentum2_ptr + m2_base[:, None] + element
+            m2_ptrs = momentum2_ptr + (m2_base // ALIGN * ALIGN)[:, None] + element
             m2 = beta2 * tl.load(m2_ptrs, mask=mask, other=0.0) + (1.0 - beta2) * g * g
             tl.store(m2_ptrs, m2, mask=mask)
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))

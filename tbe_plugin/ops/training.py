@@ -38,6 +38,7 @@ def fused_update(
     psw_requires_grad: bool,
     max_dim: int,
     total_rows: int,
+    align: int,
     pooling: int,
     bounds_check: bool,
     optimizer: int,
@@ -63,7 +64,7 @@ def fused_update(
         seed=int(rounding_seed.item()),
     )
     psw_grad = backward_update(
-        grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows,
+        grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows, align,
         indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args,
     )  # fmt: skip
     return psw_grad if psw_grad is not None else grad_output.new_empty(0)
@@ -145,22 +146,22 @@ _NUM_INPUTS = 21
 
 def _setup_context(ctx, inputs, output):
     (_, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta, indices,
-     offsets, per_sample_weights, dims, pooling, bounds_check, _, _, total_rows, optimizer,
+     offsets, per_sample_weights, dims, pooling, bounds_check, _, align, total_rows, optimizer,
      weight_decay_mode, stochastic_rounding, hyper) = inputs  # fmt: skip
     ctx.save_for_backward(weights, momentum1, momentum2, step, rounding_seed, learning_rate,
                           feature_meta, indices, offsets, per_sample_weights)  # fmt: skip
     check = bounds_check != BoundsCheck.NONE
-    ctx.config = (max(dims), total_rows, pooling, check, optimizer, weight_decay_mode,
+    ctx.config = (max(dims), total_rows, align, pooling, check, optimizer, weight_decay_mode,
                   stochastic_rounding, hyper)  # fmt: skip
 
 
 def _backward(ctx, grad_output, _grad_status):
     saved = ctx.saved_tensors
-    max_dim, total_rows, pooling, check, optimizer, weight_decay_mode, rounding, hyper = ctx.config
+    max_dim, total_rows, align, pooling, check, optimizer, weight_decay_mode, rounding, hyper = ctx.config
     psw_requires_grad = ctx.needs_input_grad[_PSW_INPUT]
     psw_grad = torch.ops.tbe_plugin.tbe_fused_update(
         grad_output.contiguous(), *saved, psw_requires_grad,
-        max_dim, total_rows, pooling, check, optimizer, weight_decay_mode, rounding, hyper,
+        max_dim, total_rows, align, pooling, check, optimizer, weight_decay_mode, rounding, hyper,
     )  # fmt: skip
     grads = [None] * _NUM_INPUTS
     if psw_requires_grad:

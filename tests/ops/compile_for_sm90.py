@@ -21,7 +21,8 @@ from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
 FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "pieces_ptr", "out_ptr",
-                  "momentum1_ptr", "momentum2_ptr")  # fmt: skip
+                  "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
+INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_feature_ptr")
 
 
 def signature(fn, constexprs, weights, keys):
@@ -35,11 +36,23 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys
         elif name in FLOAT_POINTERS:
             sig[name] = "*fp32"
+        elif name in INT32_POINTERS:
+            sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = "*i64"
         else:
             sig[name] = "fp32" if name in FLOAT_ARGS else "i32"
     return sig
+
+
+def pointer_alignment(fn, constexprs):
+    """Every pointer 16-byte aligned, as Triton's launcher specializes torch's allocations
+    (without it, the compiler assumes unaligned pointers and never vectorizes a load)."""
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if name.endswith("_ptr") and name not in constexprs
+    }
 
 
 def stack_bytes(kernel) -> int:
@@ -78,18 +91,21 @@ def variants():
             chunk = max(2, backward.CHUNK_ELEMENTS // block_d)
             for optimizer in range(6):
                 yield backward._chunk_kernel, dict(
-                    UNPOOLED=False, MEAN=True, WEIGHTED=True, CHECK=True, OPTIMIZER=optimizer,
-                    WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0, STOCHASTIC_ROUNDING=rounding,
-                    CHUNK=chunk, BLOCK_D=block_d,
+                    SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
+                    STOCHASTIC_ROUNDING=rounding, CHUNK=chunk, BLOCK_D=block_d, ALIGN=4,
                 ), backward.CHUNK_WARPS, weights, "*i32"  # fmt: skip
                 yield backward._crossing_kernel, dict(
                     OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
-                    CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN,
+                    CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,
                 ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)
-    yield backward._positions_kernel, dict(CHECK=True, BAGS=positions["BAGS"],
-                                           BLOCK_L=positions["BLOCK_L"]), positions["num_warps"], "*fp32", "*i32"  # fmt: skip
+    yield backward._positions_kernel, dict(
+        UNPOOLED=False, MEAN=True, WEIGHTED=True, CHECK=True, WRITE_BAGS=True, BAGS=positions["BAGS"],
+        BLOCK_L=positions["BLOCK_L"],
+    ), positions["num_warps"], "*fp32", "*i32"  # fmt: skip
+    yield backward._sorted_operands_kernel, dict(SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
+        backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
     psw = dict(backward.PSW_CONFIG)
     yield backward._psw_grad_kernel, dict(MEAN=True, CHECK=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128), \
         psw["num_warps"], "*fp32", "*i32"  # fmt: skip
@@ -101,6 +117,7 @@ def main():
             fn=fn,
             signature=signature(fn, constexprs, weights, keys),
             constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+            attrs=pointer_alignment(fn, constexprs),
         )
         record = {"kernel": fn.__name__, "weights": weights, "constexprs": constexprs}
         try:

@@ -106,6 +106,9 @@ def test_init_uniform_draws_the_same_weights_as_fbgemm():
 # -------------------------------------------------------------------- training
 
 
+LOWP_WEIGHT_TOL = 2e-3  # an fp16 ulp is 2**-11 relative: weights within 1.0 differ by <= 1e-3
+
+
 def make_training_pair(dims, rows, device, optimizer, weights_dtype=torch.float32, pooling=PoolingMode.SUM,
                        feature_table_map=None, **hyper):  # fmt: skip
     """FBGEMM's TBE and ours with the same optimizer arguments and initial weights."""
@@ -125,7 +128,17 @@ def make_training_pair(dims, rows, device, optimizer, weights_dtype=torch.float3
     return fbgemm, ours
 
 
-def train_both(fbgemm, ours, rows, steps, B, max_len, weighted, device, hot=0.3, seed=0, zipf=None):
+def train_both(fbgemm, ours, rows, steps, B, max_len, weighted, device, hot=0.3, seed=0, zipf=None,
+               positive_grad=False):  # fmt: skip
+    """Trains both on the same batches; outputs, then weights and states must match.
+
+    Low-precision weights may round an update either way where the two sides' fp32 (ours)
+    and partly fp64 (FBGEMM's bias corrections) arithmetic differ in the last bits: the
+    weights then differ by an ulp, as the final check allows, and every later output by
+    up to ``max_len`` such ulps. ``positive_grad`` keeps every row's summed gradient away
+    from zero, where Adam's first step (about ``lr * sign(g)``) flips with summation order.
+    """
+    lowp = ours.weights.dtype != torch.float32
     for step in range(steps):
         if zipf is None:
             indices, offsets = make_bags(rows, B=B, max_len=max_len, seed=seed + step, hot_fraction=hot,
@@ -137,11 +150,16 @@ def train_both(fbgemm, ours, rows, steps, B, max_len, weighted, device, hot=0.3,
         for module in (fbgemm, ours):
             out = module(indices.clone(), offsets.clone(), psw)
             grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(step)).to(out)
+            if positive_grad:
+                grad = grad.abs() + 0.1
             out.backward(grad)
             outs.append(out.detach())
-        assert_tbe_close(outs[1], outs[0], max_len)
+        if lowp and step > 0:
+            torch.testing.assert_close(outs[1], outs[0], atol=LOWP_WEIGHT_TOL * max_len, rtol=0)
+        else:
+            assert_tbe_close(outs[1], outs[0], max_len)
     for mine, theirs in zip(ours.split_embedding_weights(), fbgemm.split_embedding_weights()):
-        tol = 1e-5 if mine.dtype == torch.float32 else 2e-3
+        tol = 1e-5 if mine.dtype == torch.float32 else LOWP_WEIGHT_TOL
         torch.testing.assert_close(mine.float(), theirs.float(), atol=tol, rtol=tol)
     for mine_t, theirs_t in zip(ours.split_optimizer_states(), fbgemm.split_optimizer_states()):
         for mine, theirs in zip(mine_t, theirs_t):
@@ -299,4 +317,4 @@ def test_training_zipf_hot_rows_large_batch_matches_fbgemm_cuda(optimizer):
     rows = [1_000_000, 100_000]
     fbgemm, ours = make_training_pair([128, 64], rows, "cuda", optimizer, learning_rate=0.01)
     train_both(fbgemm, ours, rows, steps=2, B=65536, max_len=20, weighted=False, device="cuda",
-               zipf=1.15)  # fmt: skip
+               zipf=1.15, positive_grad=True)  # fmt: skip

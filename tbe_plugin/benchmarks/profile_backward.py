@@ -4,7 +4,7 @@
 the reference shape (T=32, B=8192, L=20, D=128, E=1e6, fp32; uniform and Zipf ids) for
 each optimizer asked, under ``torch.profiler``, and writes DIR/profile_backward.json with
 the CUDA time of every kernel (ours: positions, sort, chunk, crossing; plus torch's), and
-the backward's median time for each candidate (CHUNK_ELEMENTS, CHUNK_WARPS). Nothing reads
+the backward's median time for each candidate launch size (``CANDIDATES``). Nothing reads
 it at run time: it tells the next change what to work on.
 """
 
@@ -13,20 +13,34 @@ import json
 import os
 import statistics
 
+import numpy
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.ops import embedding_backward
 
-CANDIDATES = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
+# Launch sizes tried, each a set of embedding_backward attributes over the defaults.
+CANDIDATES = [
+    {},
+    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 4},
+    {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 8},
+    {"CHUNK_ELEMENTS": 4096, "CHUNK_WARPS": 8},
+    {"CHUNK_ELEMENTS": 4096, "CHUNK_WARPS": 16},
+    {"POSITIONS_CONFIG": dict(BAGS=32, BLOCK_L=8, num_warps=4)},
+    {"POSITIONS_CONFIG": dict(BAGS=64, BLOCK_L=4, num_warps=4)},
+    {"POSITIONS_CONFIG": dict(BAGS=16, BLOCK_L=32, num_warps=4)},
+]
 
 
 def make_batch(T, B, L, E, zipf, device):
-    if zipf:
-        ranks = torch.empty(T * B * L, device=device).exponential_(1.0 / (1.15 - 1.0))
-        ids = (torch.exp(ranks).clamp(max=2.0**40).long() - 1) % E
-        ids = torch.randperm(E, device=device)[ids]
+    if zipf:  # Zipf(1.15) ranks below E (rejecting the rest), shuffled over the rows
+        rng = numpy.random.default_rng(0)
+        ranks = rng.zipf(1.15, size=T * B * L)
+        while (too_big := ranks > E).any():
+            ranks[too_big] = rng.zipf(1.15, size=int(too_big.sum()))
+        ids = torch.randperm(E, device=device)[torch.from_numpy(ranks - 1).to(device)]
     else:
         ids = torch.randint(0, E, (T * B * L,), device=device)
     return ids, torch.arange(0, T * B * L + 1, L, device=device)
@@ -94,13 +108,15 @@ def main():
             grad = torch.randn(B, T * D, device="cuda")
             entry = {"optimizer": optimizer, "zipf": zipf, "kernels": kernel_breakdown(emb, indices, offsets, grad),
                      "candidates": [], "fbgemm_kernels": [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)}  # fmt: skip
-            for elements, warps in CANDIDATES:
-                embedding_backward.CHUNK_ELEMENTS, embedding_backward.CHUNK_WARPS = elements, warps
+            for overrides in CANDIDATES:
+                saved = {name: getattr(embedding_backward, name) for name in overrides}
+                for name, value in overrides.items():
+                    setattr(embedding_backward, name, value)
                 ms = time_backward(emb, indices, offsets, grad)
-                entry["candidates"].append(
-                    {"chunk_elements": elements, "warps": warps, "bwd_ms": ms}
-                )
-                print(optimizer, "zipf" if zipf else "uniform", elements, warps, f"{ms:.3f} ms", flush=True)
+                for name, value in saved.items():
+                    setattr(embedding_backward, name, value)
+                entry["candidates"].append({"overrides": overrides, "bwd_ms": ms})
+                print(optimizer, "zipf" if zipf else "uniform", overrides or "defaults", f"{ms:.3f} ms", flush=True)
             report.append(entry)
             del emb
             torch.cuda.empty_cache()

@@ -38,7 +38,7 @@ from tbe_plugin.ops.indexing import (
     _checked_bag_bounds,
     _checked_ids,
 )
-from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update, row_operands
+from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update
 
 
 
@@ -89,18 +89,25 @@ def _positions_kernel(
 
 @triton.jit
 def _sorted_operands_kernel(
-    perm_ptr, feature_ptr, grad_offset_ptr, scale_ptr, sorted_feature_ptr,
-    sorted_grad_offset_ptr, sorted_scale_ptr, num_indices,
-    SCALED: tl.constexpr, BLOCK: tl.constexpr,
+    perm_ptr, sorted_rows_ptr, feature_ptr, grad_offset_ptr, scale_ptr, feature_meta_ptr,
+    sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    num_indices, sentinel, SCALED: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """The per-id operands in sorted order, so the update kernel reads them contiguously."""
+    """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
+    where its row starts in the flat weights, its D, its output-gradient row and factor."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = q < num_indices
-    p = tl.load(perm_ptr + q, mask=mask, other=0)
-    tl.store(sorted_feature_ptr + q, tl.load(feature_ptr + p, mask=mask, other=0), mask=mask)
-    tl.store(sorted_grad_offset_ptr + q, tl.load(grad_offset_ptr + p, mask=mask, other=0), mask=mask)
+    row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
+    valid = row != sentinel
+    p = tl.load(perm_ptr + q, mask=valid, other=0)
+    meta = feature_meta_ptr + tl.load(feature_ptr + p, mask=valid, other=0) * _META_COLS
+    dim = tl.load(meta + _META_DIM, mask=valid, other=0)
+    local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
+    w_start = tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) + local * dim
+    tl.store(sorted_w_start_ptr + q, w_start, mask=valid)
+    tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=valid)
+    tl.store(sorted_grad_offset_ptr + q, tl.load(grad_offset_ptr + p, mask=valid, other=0), mask=valid)
     if SCALED:
-        tl.store(sorted_scale_ptr + q, tl.load(scale_ptr + p, mask=mask, other=0.0), mask=mask)
+        tl.store(sorted_scale_ptr + q, tl.load(scale_ptr + p, mask=valid, other=0.0), mask=valid)
 
 
 @triton.jit
@@ -118,9 +125,18 @@ def _gather_gradients(
 
 
 @triton.jit
+def _row_operands(weights_ptr, w_start_ptr, dim_ptr, q, valid, cols, ALIGN: tl.constexpr):
+    """Row start (a multiple of ALIGN), D, column mask and weight pointers of sorted ids q."""
+    w_start = tl.load(w_start_ptr + q, mask=valid, other=0) // ALIGN * ALIGN
+    dim = tl.load(dim_ptr + q, mask=valid, other=0)
+    row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
+    return w_start, dim, row_mask, weights_ptr + w_start[:, None] + cols[None, :]
+
+
+@triton.jit
 def _chunk_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_feature_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    feature_meta_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
     step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -141,9 +157,8 @@ def _chunk_kernel(
     # its first id. The weights of rows whose run starts here are loaded first, so that
     # load overlaps the gradient gathers.
     piece_head = valid & ((lane == 0) | head)
-    feature = tl.load(sorted_feature_ptr + q, mask=valid, other=0)
-    dim, local, element, row_mask, w_ptrs, m1_base, m2_base = row_operands(
-        valid, row, feature, cols, feature_meta_ptr, weights_ptr, ALIGN
+    w_start, dim, row_mask, w_ptrs = _row_operands(
+        weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, valid, cols, ALIGN
     )
     w = tl.load(w_ptrs, mask=row_mask & (piece_head & head)[:, None], other=0.0).to(tl.float32)
     first_row = tl.load(sorted_rows_ptr + chunk * CHUNK)
@@ -173,9 +188,9 @@ def _chunk_kernel(
     goes_on = piece_head & (row == last_row) & last_goes_on
     complete = piece_head & head & ~goes_on
     apply_update(
-        run_sum, w, complete, row_mask, dim, local, element, w_ptrs, m1_base, m2_base, row, cols,
+        run_sum, w, complete, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN,
+        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
     # Pieces of crossing runs: [chunk, 0] the first run's part (when it began earlier),
     # [chunk, 1] the last run's part (when it goes on after this chunk).
@@ -186,7 +201,7 @@ def _chunk_kernel(
 
 @triton.jit
 def _crossing_kernel(
-    sorted_rows_ptr, sorted_feature_ptr, feature_meta_ptr, weights_ptr, momentum1_ptr,
+    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, weights_ptr, momentum1_ptr,
     momentum2_ptr, pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
     num_indices, sentinel,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
@@ -224,17 +239,15 @@ def _crossing_kernel(
             going_on = stop == SPAN
             next_chunk += SPAN
         one = tl.arange(0, 1)
-        rows = row + one
         active = one >= 0
-        feature = tl.load(sorted_feature_ptr + last + one)
-        dim, local, element, row_mask, w_ptrs, m1_base, m2_base = row_operands(
-            active, rows, feature, cols, feature_meta_ptr, weights_ptr, ALIGN
+        w_start, dim, row_mask, w_ptrs = _row_operands(
+            weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
         )
         w = tl.load(w_ptrs, mask=row_mask, other=0.0).to(tl.float32)
         apply_update(
-            total[None, :], w, active, row_mask, dim, local, element, w_ptrs, m1_base, m2_base,
-            rows, cols, momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2,
-            weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN,
+            total[None, :], w, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
+            momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+            OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
         )  # fmt: skip
 
 
@@ -267,11 +280,11 @@ def _psw_grad_kernel(
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
-# Ids per chunk times BLOCK_D stays at 2048 elements over 8 warps: the gradient tile, its
-# scan and the optimizer's row tiles then fit in registers (no spills at sm_90 for any
-# optimizer, D 32..512, by ptxas); 32 x 128 over 4 warps spilled 0.6-1.2 KB a thread.
+# Ids per chunk times BLOCK_D: 2048 elements over 4 warps (16 ids at D=128) was the
+# fastest of 1024..8192 elements over 2..16 warps on the H200 (profile_backward), and
+# nothing spills at sm_90 for any optimizer, D 32..512 (ptxas).
 CHUNK_ELEMENTS = 2048
-CHUNK_WARPS = 8
+CHUNK_WARPS = 4
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
@@ -304,7 +317,9 @@ def backward_update(
     of ``per_sample_weights`` when asked (computed from the weights before the step).
 
     ``align``: a power of two dividing every table's D (``vector_alignment``): rows of the
-    weights, the output gradient and element-wise state start at its multiples."""
+    weights, the output gradient and element-wise state start at its multiples.
+    ``momentum1``/``momentum2`` are laid out as the module keeps them: element-wise state
+    exactly like the flat weights, row-wise state one value per global row."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
@@ -343,11 +358,13 @@ def backward_update(
             MEAN=mean, CHECK=bounds_check, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
-    sorted_feature = torch.empty_like(feature)
+    sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
+    sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
     sorted_grad_offset = torch.empty_like(grad_offset)
     sorted_scale = torch.empty_like(scale)
     _sorted_operands_kernel[(triton.cdiv(N, SORTED_OPERANDS_BLOCK),)](
-        perm, feature, grad_offset, scale, sorted_feature, sorted_grad_offset, sorted_scale, N,
+        perm, sorted_rows, feature, grad_offset, scale, feature_meta, sorted_w_start, sorted_dim,
+        sorted_grad_offset, sorted_scale, N, sentinel,
         SCALED=scaled, BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     while grad_output.stride(0) % align:
@@ -369,12 +386,12 @@ def backward_update(
         ALIGN=align,
     )
     _chunk_kernel[(num_chunks,)](
-        grad_output, sorted_rows, sorted_feature, sorted_grad_offset, sorted_scale, feature_meta,
+        grad_output, sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         weights, m1, m2, pieces, step, *hyper, N, sentinel,
         SCALED=scaled, num_warps=CHUNK_WARPS, **modes,
     )  # fmt: skip
     _crossing_kernel[(num_chunks,)](
-        sorted_rows, sorted_feature, feature_meta, weights, m1, m2, pieces, step, *hyper, N, sentinel,
+        sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, pieces, step, *hyper, N, sentinel,
         SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

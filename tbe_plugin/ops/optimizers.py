@@ -2,7 +2,7 @@
 
 ``apply_update`` takes the exact aggregated gradient of a tile of rows (one row per
 lane, inactive lanes masked) and their weights, and updates the weights and optimizer
-state in place; ``row_operands`` finds where the rows and their state live.
+state in place.
 The formulas follow FBGEMM's code generator (``codegen/genscript/optimizers.py``), in
 its order of operations, with IEEE-rounded division and square root (``div_rn``,
 ``sqrt_rn``: Triton's plain ``/`` and ``sqrt`` are approximate on GPUs, CUDA's are not).
@@ -18,14 +18,6 @@ import enum
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.indexing import (
-    _META_COLS,
-    _META_DIM,
-    _META_MOMENTUM1_OFFSET,
-    _META_MOMENTUM2_OFFSET,
-    _META_ROW_BASE,
-    _META_WEIGHT_OFFSET,
-)
 
 
 class Optimizer(enum.IntEnum):
@@ -91,40 +83,19 @@ def _round_to_weights(x, ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING: tl.const
 
 
 @triton.jit
-def row_operands(valid, row, feature, cols, feature_meta_ptr, weights_ptr, ALIGN: tl.constexpr):
-    """Where rows ``row`` (global numbers, one per lane) and their state live.
-
-    ``feature`` is a feature that reads each row's table (its metadata gives offsets and
-    D; every D and table offset is a multiple of ALIGN elements, which lets Triton prove
-    row starts aligned and move rows with vector loads). Returns (dim, local row, element
-    offsets within a table, element mask, weight pointers, momentum1 base, momentum2
-    base); lanes outside ``valid`` get masks that load nothing.
-    """
-    meta = feature_meta_ptr + feature * _META_COLS
-    dim = tl.load(meta + _META_DIM, mask=valid, other=0)
-    local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
-    mask = valid[:, None] & (cols[None, :] < dim[:, None])
-    row_start = local * (dim // ALIGN) * ALIGN
-    element = row_start[:, None] + cols[None, :]
-    w_start = (tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) // ALIGN) * ALIGN + row_start
-    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
-    m1_base = tl.load(meta + _META_MOMENTUM1_OFFSET, mask=valid, other=0)
-    m2_base = tl.load(meta + _META_MOMENTUM2_OFFSET, mask=valid, other=0)
-    return dim, local, element, mask, w_ptrs, m1_base, m2_base
-
-
-@triton.jit
 def apply_update(
-    g, w, active, row_mask, dim, local, element, w_ptrs, m1_base, m2_base, row, cols,
+    g, w, active, row_mask, w_ptrs, w_start, row, cols, dim,
     momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """One optimizer step on rows ``row`` with gradients ``g`` [R, BLOCK_D] and weights
-    ``w`` (fp32, loaded by the caller: kernels issue that load early); the operands are
-    ``row_operands``'. ``active`` masks lanes with no row to update. Element-wise
-    state starts its tables at multiples of ALIGN (as the weights do); row-wise state
-    need not.
+    """One optimizer step on rows ``row`` (global numbers) with gradients ``g`` [R, BLOCK_D]
+    and weights ``w`` (fp32, loaded by the caller from ``w_ptrs``: kernels issue that
+    load early).
+
+    ``w_start`` is each row's first element in the flat weights, ``dim`` its D,
+    ``row_mask`` its columns. Optimizer state is laid out as the module keeps it:
+    element-wise state like the weights (row ``r`` at ``w_start``), row-wise state by
+    global row. ``active`` masks lanes with no row to update.
     """
     mask = row_mask & active[:, None]
     g = tl.where(mask, g, 0.0)
@@ -135,7 +106,7 @@ def apply_update(
     elif OPTIMIZER == _ROWWISE_ADAGRAD:
         if WEIGHT_DECAY_MODE == _WD_L2:
             g = tl.where(mask, g + weight_decay * w, 0.0)
-        m_ptrs = momentum1_ptr + m1_base + local
+        m_ptrs = momentum1_ptr + row
         m = tl.load(m_ptrs, mask=active, other=0.0) + tl.div_rn(tl.sum(g * g, axis=1), dim_f)
         tl.store(m_ptrs, m, mask=active)
         multiplier = tl.div_rn(lr, tl.sqrt_rn(m) + eps)
@@ -143,7 +114,7 @@ def apply_update(
             w = w * (1.0 - lr * weight_decay)
         w = w - multiplier[:, None] * g
     elif OPTIMIZER == _ADAGRAD:  # no weight decay either
-        m_ptrs = momentum1_ptr + (m1_base // ALIGN * ALIGN)[:, None] + element
+        m_ptrs = momentum1_ptr + w_start[:, None] + cols[None, :]
         m = tl.load(m_ptrs, mask=mask, other=0.0) + g * g
         tl.store(m_ptrs, m, mask=mask)
         w = w - tl.div_rn(lr * g, tl.sqrt_rn(m) + eps)
@@ -151,19 +122,19 @@ def apply_update(
         # Adam family and LAMB: bias-corrected moments with the module's step count;
         # weight decay enters the update (``+ weight_decay * w``), as in FBGEMM.
         t = tl.load(step_ptr).to(tl.float32)
-        m1_ptrs = momentum1_ptr + (m1_base // ALIGN * ALIGN)[:, None] + element
+        m1_ptrs = momentum1_ptr + w_start[:, None] + cols[None, :]
         m1 = beta1 * tl.load(m1_ptrs, mask=mask, other=0.0) + (1.0 - beta1) * g
         tl.store(m1_ptrs, m1, mask=mask)
         m1_hat = tl.div_rn(m1, 1.0 - tl.exp2(t * tl.log2(beta1)))
         if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
-            m2_ptrs = momentum2_ptr + m2_base + local
+            m2_ptrs = momentum2_ptr + row
             m2 = beta2 * tl.load(m2_ptrs, mask=active, other=0.0) + (1.0 - beta2) * (
                 tl.div_rn(tl.sum(g * g, axis=1), dim_f)
             )
             tl.store(m2_ptrs, m2, mask=active)
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))[:, None]
         else:
-            m2_ptrs = momentum2_ptr + (m2_base // ALIGN * ALIGN)[:, None] + element
+            m2_ptrs = momentum2_ptr + w_start[:, None] + cols[None, :]
             m2 = beta2 * tl.load(m2_ptrs, mask=mask, other=0.0) + (1.0 - beta2) * g * g
             tl.store(m2_ptrs, m2, mask=mask)
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))

@@ -22,7 +22,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
 FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "pieces_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
-INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_feature_ptr")
+INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr")
 
 
 def signature(fn, constexprs, weights, keys):

@@ -24,13 +24,11 @@ from tbe_plugin.ops import embedding_backward
 # Launch sizes tried, each a set of embedding_backward attributes over the defaults.
 CANDIDATES = [
     {},
+    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 2},
     {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 4},
     {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 8},
     {"CHUNK_ELEMENTS": 4096, "CHUNK_WARPS": 8},
     {"CHUNK_ELEMENTS": 4096, "CHUNK_WARPS": 16},
-    {"POSITIONS_CONFIG": dict(BAGS=32, BLOCK_L=8, num_warps=4)},
-    {"POSITIONS_CONFIG": dict(BAGS=64, BLOCK_L=4, num_warps=4)},
-    {"POSITIONS_CONFIG": dict(BAGS=16, BLOCK_L=32, num_warps=4)},
 ]
 
 

@@ -38,7 +38,7 @@ from tbe_plugin.ops.indexing import (
     _checked_bag_bounds,
     _checked_ids,
 )
-from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update
+from tbe_plugin.ops.optimizers import OptimizerArgs, apply_update, load_row_state
 
 
 
@@ -111,17 +111,24 @@ def _sorted_operands_kernel(
 
 
 @triton.jit
-def _gather_gradients(
-    grad_ptr, grad_offset_ptr, scale_ptr, q, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr
-):
-    """Output-gradient rows of sorted ids ``q`` [len(q), BLOCK_D] in fp32, scaled (row
-    starts are multiples of ALIGN: written so, Triton reads them with vector loads)."""
-    start = tl.load(grad_offset_ptr + q, mask=mask, other=0) // ALIGN * ALIGN
+def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr):
+    """Output-gradient rows starting at ``start`` [len(start), BLOCK_D] in fp32, times
+    ``scale`` (row starts are multiples of ALIGN: written so, Triton reads them with
+    vector loads). Callers load ``start`` and ``scale`` early, with no dependence."""
+    start = start // ALIGN * ALIGN
     col_mask = mask[:, None] & (cols[None, :] < dim[:, None])
     g = tl.load(grad_ptr + start[:, None] + cols[None, :], mask=col_mask, other=0.0).to(tl.float32)
     if SCALED:
-        g = g * tl.load(scale_ptr + q, mask=mask, other=0.0)[:, None]
+        g = g * scale[:, None]
     return g
+
+
+@triton.jit
+def _id_operands(grad_offset_ptr, scale_ptr, q, mask, SCALED: tl.constexpr):
+    """Output-gradient row start and factor of sorted ids ``q``."""
+    start = tl.load(grad_offset_ptr + q, mask=mask, other=0)
+    scale = tl.load(scale_ptr + q, mask=mask & SCALED, other=1.0)
+    return start, scale
 
 
 @triton.jit
@@ -142,43 +149,54 @@ def _chunk_kernel(
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
     ALIGN: tl.constexpr,
 ):  # fmt: skip
+    """Updates the rows whose whole run of ids lies in this chunk of CHUNK sorted ids;
+    leaves the chunk's part of runs that cross its edges in ``pieces``.
+
+    Every load of the common case is issued in two dependent rounds: first the sorted
+    arrays (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the
+    gradient rows, weights and optimizer state together.
+    """
     chunk = tl.program_id(0).to(tl.int64)
     q = chunk * CHUNK + tl.arange(0, CHUNK)
     lane = tl.arange(0, CHUNK)
     cols = tl.arange(0, BLOCK_D)
-    row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
+    in_range = q < num_indices
+    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
+    prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
+    nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
+    first_row = tl.load(sorted_rows_ptr + chunk * CHUNK)
+    last_row = tl.load(sorted_rows_ptr + tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1)
+    start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
+    start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
+    w_start, dim, row_mask, w_ptrs = _row_operands(
+        weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
+    )
     valid = row != sentinel
-    prev = tl.load(sorted_rows_ptr + q - 1, mask=valid & (q > 0), other=-1)
-    nxt = tl.load(sorted_rows_ptr + q + 1, mask=valid & (q + 1 < num_indices), other=-1)
     head = valid & (row != prev)  # the first id of its row's run
     tail = valid & (row != nxt)  # the last
     last = tl.max(tl.where(valid, q, -1), axis=0)
     # Pieces: the maximal runs of one row inside this chunk, each owned by the lane of
-    # its first id. The weights of rows whose run starts here are loaded first, so that
-    # load overlaps the gradient gathers.
+    # its first id. Rows whose run starts here load their weights and state now.
     piece_head = valid & ((lane == 0) | head)
-    w_start, dim, row_mask, w_ptrs = _row_operands(
-        weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, valid, cols, ALIGN
+    w, m1, m2 = load_row_state(
+        w_ptrs, w_start, row, cols, row_mask, piece_head & head, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    w = tl.load(w_ptrs, mask=row_mask & (piece_head & head)[:, None], other=0.0).to(tl.float32)
-    first_row = tl.load(sorted_rows_ptr + chunk * CHUNK)
-    last_row = tl.load(sorted_rows_ptr + tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1)
     if (first_row == last_row) & (first_row != sentinel):
         # One row fills the chunk (a hot row): gather all its ids at once and reduce.
-        g = _gather_gradients(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, valid, cols, dim, SCALED, ALIGN)
+        g = _gather_gradients(grad_ptr, start0, scale0, valid, cols, dim, SCALED, ALIGN)
         run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
     else:
-        # Each piece's lane adds its ids' gradients one id per step, in sorted order.
-        run_sum = _gather_gradients(
-            grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, piece_head, cols, dim, SCALED, ALIGN
-        )
-        pos = q + 1
-        active = piece_head & (pos <= last)
+        # Each piece's lane adds its ids' gradients in sorted order: the first two ids
+        # at once (most runs have one or two), then one id per step.
+        second = piece_head & (q + 1 <= last) & (nxt == row)
+        run_sum = _gather_gradients(grad_ptr, start0, scale0, piece_head, cols, dim, SCALED, ALIGN)
+        run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
+        pos = q + 2
+        active = second & (pos <= last)
         active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
         while tl.max(active.to(tl.int32), axis=0) > 0:
-            run_sum += _gather_gradients(
-                grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, cols, dim, SCALED, ALIGN
-            )
+            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
+            run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
             pos += 1
             active &= pos <= last
             active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
@@ -188,7 +206,7 @@ def _chunk_kernel(
     goes_on = piece_head & (row == last_row) & last_goes_on
     complete = piece_head & head & ~goes_on
     apply_update(
-        run_sum, w, complete, row_mask, w_ptrs, w_start, row, cols, dim,
+        run_sum, w, m1, m2, complete, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
         OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
@@ -206,46 +224,56 @@ def _crossing_kernel(
     num_indices, sentinel,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, ALIGN: tl.constexpr,
+    CHUNKS_PER_PROGRAM: tl.constexpr,
 ):  # fmt: skip
-    """The run that begins in this chunk and goes on past it: add its pieces, update."""
-    chunk = tl.program_id(0).to(tl.int64)
-    first = chunk * CHUNK
-    last = tl.minimum(first + CHUNK, num_indices) - 1
-    row = tl.load(sorted_rows_ptr + last)
-    after = tl.load(sorted_rows_ptr + last + 1, mask=last + 1 < num_indices, other=-1)
-    before = tl.load(sorted_rows_ptr + first - 1, mask=first > 0, other=-1)
-    if (row != sentinel) & (after == row) & (before != row):
-        cols = tl.arange(0, BLOCK_D)
+    """Runs that begin in one chunk and go on past it (CHUNKS_PER_PROGRAM chunks looked
+    at per program, most with none): add each run's pieces, then update its row."""
+    num_chunks = (num_indices + CHUNK - 1) // CHUNK
+    chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
+    exists = chunks < num_chunks
+    firsts = chunks * CHUNK
+    lasts = tl.minimum(firsts + CHUNK, num_indices) - 1
+    rows = tl.load(sorted_rows_ptr + lasts, mask=exists, other=sentinel)
+    after = tl.load(sorted_rows_ptr + lasts + 1, mask=exists & (lasts + 1 < num_indices), other=-1)
+    before = tl.load(sorted_rows_ptr + firsts - 1, mask=exists & (firsts > 0), other=-1)
+    starts = exists & (rows != sentinel) & (after == rows) & (before != rows)
+    cols = tl.arange(0, BLOCK_D)
+    span = tl.arange(0, SPAN)
+    one = tl.arange(0, 1)
+    active = one >= 0
+    while tl.max(starts.to(tl.int32), axis=0) > 0:
+        chunk = tl.min(tl.where(starts, chunks, num_chunks), axis=0)
+        starts &= chunks != chunk
+        last = tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1
+        row = tl.load(sorted_rows_ptr + last)
         total = tl.load(pieces_ptr + chunk * 2 * BLOCK_D + BLOCK_D + cols)
         # The pieces that follow, SPAN chunks per step: chunk k belongs to the run while
         # every chunk before it (from chunk + 1) hands the run on to the next chunk.
-        num_chunks = (num_indices + CHUNK - 1) // CHUNK
-        span = tl.arange(0, SPAN)
         next_chunk = chunk + 1
         going_on = row == row  # a tensor, as the loop reassigns it
         while going_on:
             ks = next_chunk + span
-            exists = ks < num_chunks
+            k_exists = ks < num_chunks
             ends = tl.minimum(ks * CHUNK + CHUNK, num_indices) - 1
-            tail_row = tl.load(sorted_rows_ptr + ends, mask=exists, other=-1)
-            beyond = tl.load(sorted_rows_ptr + ends + 1, mask=exists & (ends + 1 < num_indices), other=-1)
-            hands_on = exists & (tail_row == row) & (beyond == row)
+            tail_row = tl.load(sorted_rows_ptr + ends, mask=k_exists, other=-1)
+            beyond = tl.load(sorted_rows_ptr + ends + 1, mask=k_exists & (ends + 1 < num_indices), other=-1)
+            hands_on = k_exists & (tail_row == row) & (beyond == row)
             stop = tl.min(tl.where(hands_on, SPAN, span), axis=0)  # last chunk of the run
-            member = exists & (span <= stop)
+            member = k_exists & (span <= stop)
             piece = tl.load(
                 pieces_ptr + ks[:, None] * 2 * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0
             )
             total += tl.sum(piece, axis=0)
             going_on = stop == SPAN
             next_chunk += SPAN
-        one = tl.arange(0, 1)
-        active = one >= 0
         w_start, dim, row_mask, w_ptrs = _row_operands(
             weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
         )
-        w = tl.load(w_ptrs, mask=row_mask, other=0.0).to(tl.float32)
+        w, m1, m2 = load_row_state(
+            w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr, OPTIMIZER
+        )
         apply_update(
-            total[None, :], w, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
+            total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
             momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
             OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
         )  # fmt: skip
@@ -289,7 +317,8 @@ SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
 CROSSING_WARPS = 4
-POSITIONS_CONFIG = dict(BAGS=16, BLOCK_L=2, num_warps=1)
+CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a crossing run's start per program
+POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
@@ -390,8 +419,9 @@ def backward_update(
         weights, m1, m2, pieces, step, *hyper, N, sentinel,
         SCALED=scaled, num_warps=CHUNK_WARPS, **modes,
     )  # fmt: skip
-    _crossing_kernel[(num_chunks,)](
+    _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
         sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, pieces, step, *hyper, N, sentinel,
-        SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS, **modes,
+        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, num_warps=CROSSING_WARPS,
+        **modes,
     )  # fmt: skip
     return psw_grad

@@ -1,8 +1,8 @@
 """Fused optimizer updates on embedding rows, with FBGEMM's formulas.
 
-``apply_update`` takes the exact aggregated gradient of a tile of rows (one row per
-lane, inactive lanes masked) and their weights, and updates the weights and optimizer
-state in place.
+``load_row_state`` reads a tile of rows (one row per lane, inactive lanes masked) with
+their optimizer state; ``apply_update`` takes their exact aggregated gradients and
+writes the updated weights and state back in place.
 The formulas follow FBGEMM's code generator (``codegen/genscript/optimizers.py``), in
 its order of operations, with IEEE-rounded division and square root (``div_rn``,
 ``sqrt_rn``: Triton's plain ``/`` and ``sqrt`` are approximate on GPUs, CUDA's are not).
@@ -83,60 +83,80 @@ def _round_to_weights(x, ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING: tl.const
 
 
 @triton.jit
+def load_row_state(
+    w_ptrs, w_start, row, cols, row_mask, active, momentum1_ptr, momentum2_ptr,
+    OPTIMIZER: tl.constexpr,
+):  # fmt: skip
+    """The weights (as fp32) and optimizer state of rows ``row`` (global numbers): the
+    update's loads, which kernels issue early so that they overlap the gradient gathers.
+
+    ``w_start`` is each row's first element in the flat weights and ``row_mask`` its
+    columns. Optimizer state is laid out as the module keeps it: element-wise state like
+    the weights (row ``r`` at ``w_start``), row-wise state by global row. Returns
+    (weights, momentum1, momentum2), a state the optimizer lacks as 0.
+    """
+    mask = row_mask & active[:, None]
+    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    element = w_start[:, None] + cols[None, :]
+    m1 = 0.0
+    m2 = 0.0
+    if OPTIMIZER == _ROWWISE_ADAGRAD:
+        m1 = tl.load(momentum1_ptr + row, mask=active, other=0.0)
+    elif OPTIMIZER == _ADAGRAD:
+        m1 = tl.load(momentum1_ptr + element, mask=mask, other=0.0)
+    elif OPTIMIZER != _SGD:
+        m1 = tl.load(momentum1_ptr + element, mask=mask, other=0.0)
+        if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
+            m2 = tl.load(momentum2_ptr + row, mask=active, other=0.0)
+        else:
+            m2 = tl.load(momentum2_ptr + element, mask=mask, other=0.0)
+    return w, m1, m2
+
+
+@triton.jit
 def apply_update(
-    g, w, active, row_mask, w_ptrs, w_start, row, cols, dim,
+    g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim,
     momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
 ):  # fmt: skip
-    """One optimizer step on rows ``row`` (global numbers) with gradients ``g`` [R, BLOCK_D]
-    and weights ``w`` (fp32, loaded by the caller from ``w_ptrs``: kernels issue that
-    load early).
-
-    ``w_start`` is each row's first element in the flat weights, ``dim`` its D,
-    ``row_mask`` its columns. Optimizer state is laid out as the module keeps it:
-    element-wise state like the weights (row ``r`` at ``w_start``), row-wise state by
-    global row. ``active`` masks lanes with no row to update.
+    """One optimizer step on rows ``row`` with gradients ``g`` [R, BLOCK_D], from the
+    weights and state ``load_row_state`` read (same operands); stores the new ones.
+    ``active`` masks lanes with no row to update; ``dim`` is each row's D.
     """
     mask = row_mask & active[:, None]
     g = tl.where(mask, g, 0.0)
     dim_f = tl.maximum(dim, 1).to(tl.float32)
+    element = w_start[:, None] + cols[None, :]
 
     if OPTIMIZER == _SGD:  # FBGEMM's exact SGD has no weight decay
         w = w - lr * g
     elif OPTIMIZER == _ROWWISE_ADAGRAD:
         if WEIGHT_DECAY_MODE == _WD_L2:
             g = tl.where(mask, g + weight_decay * w, 0.0)
-        m_ptrs = momentum1_ptr + row
-        m = tl.load(m_ptrs, mask=active, other=0.0) + tl.div_rn(tl.sum(g * g, axis=1), dim_f)
-        tl.store(m_ptrs, m, mask=active)
+        m = m1 + tl.div_rn(tl.sum(g * g, axis=1), dim_f)
+        tl.store(momentum1_ptr + row, m, mask=active)
         multiplier = tl.div_rn(lr, tl.sqrt_rn(m) + eps)
         if WEIGHT_DECAY_MODE == _WD_DECOUPLE:
             w = w * (1.0 - lr * weight_decay)
         w = w - multiplier[:, None] * g
     elif OPTIMIZER == _ADAGRAD:  # no weight decay either
-        m_ptrs = momentum1_ptr + w_start[:, None] + cols[None, :]
-        m = tl.load(m_ptrs, mask=mask, other=0.0) + g * g
-        tl.store(m_ptrs, m, mask=mask)
+        m = m1 + g * g
+        tl.store(momentum1_ptr + element, m, mask=mask)
         w = w - tl.div_rn(lr * g, tl.sqrt_rn(m) + eps)
     else:
         # Adam family and LAMB: bias-corrected moments with the module's step count;
         # weight decay enters the update (``+ weight_decay * w``), as in FBGEMM.
         t = tl.load(step_ptr).to(tl.float32)
-        m1_ptrs = momentum1_ptr + w_start[:, None] + cols[None, :]
-        m1 = beta1 * tl.load(m1_ptrs, mask=mask, other=0.0) + (1.0 - beta1) * g
-        tl.store(m1_ptrs, m1, mask=mask)
+        m1 = beta1 * m1 + (1.0 - beta1) * g
+        tl.store(momentum1_ptr + element, m1, mask=mask)
         m1_hat = tl.div_rn(m1, 1.0 - tl.exp2(t * tl.log2(beta1)))
         if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
-            m2_ptrs = momentum2_ptr + row
-            m2 = beta2 * tl.load(m2_ptrs, mask=active, other=0.0) + (1.0 - beta2) * (
-                tl.div_rn(tl.sum(g * g, axis=1), dim_f)
-            )
-            tl.store(m2_ptrs, m2, mask=active)
+            m2 = beta2 * m2 + (1.0 - beta2) * tl.div_rn(tl.sum(g * g, axis=1), dim_f)
+            tl.store(momentum2_ptr + row, m2, mask=active)
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))[:, None]
         else:
-            m2_ptrs = momentum2_ptr + w_start[:, None] + cols[None, :]
-            m2 = beta2 * tl.load(m2_ptrs, mask=mask, other=0.0) + (1.0 - beta2) * g * g
-            tl.store(m2_ptrs, m2, mask=mask)
+            m2 = beta2 * m2 + (1.0 - beta2) * g * g
+            tl.store(momentum2_ptr + element, m2, mask=mask)
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))
         update = tl.where(mask, tl.div_rn(m1_hat, tl.sqrt_rn(m2_hat) + eps) + weight_decay * w, 0.0)
         if OPTIMIZER == _LAMB:

@@ -97,6 +97,7 @@ def variants():
                 yield backward._crossing_kernel, dict(
                     OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
                     CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,
+                    CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM,
                 ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)

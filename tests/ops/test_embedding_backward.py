@@ -117,13 +117,16 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
-@pytest.mark.parametrize("span", [16, 2])
-def test_hot_rows_spanning_many_chunks(monkeypatch, span):
-    """One row in most lookups: its run crosses a dozen 32-id chunks (with span 2, the
-    crossing kernel needs several steps to collect them)."""
+@pytest.mark.parametrize("span, per_program", [(16, 64), (2, 2)])
+def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program):
+    """One row in most lookups: its run crosses dozens of 16-id chunks (with span 2, the
+    crossing kernel needs several steps to collect them; with 2 chunks per program, its
+    programs meet runs that start in either chunk, or in neither)."""
     from tbe_plugin.ops import embedding_backward
 
     monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
+    monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", per_program)
+    monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", 16 * 32)  # 16 ids at BLOCK_D 32
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
 

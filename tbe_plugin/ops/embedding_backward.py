@@ -152,9 +152,10 @@ def _chunk_kernel(
     """Updates the rows whose whole run of ids lies in this chunk of CHUNK sorted ids;
     leaves the chunk's part of runs that cross its edges in ``pieces``.
 
-    Every load of the common case is issued in two dependent rounds: first the sorted
-    arrays (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the
-    gradient rows, weights and optimizer state together.
+    All loads are issued in two dependent rounds: first the sorted arrays (rows, row
+    starts, D, gradient rows and factors), then the gradient rows, weights and optimizer
+    state together. The runs' sums are one product with a 0/1 matrix, in fp32 FMA (each
+    product is exact, so every sum adds its run's rows in sorted order, as a loop would).
     """
     chunk = tl.program_id(0).to(tl.int64)
     q = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -164,10 +165,8 @@ def _chunk_kernel(
     row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    first_row = tl.load(sorted_rows_ptr + chunk * CHUNK)
     last_row = tl.load(sorted_rows_ptr + tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1)
-    start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
-    start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
+    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
     w_start, dim, row_mask, w_ptrs = _row_operands(
         weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
     )
@@ -181,25 +180,10 @@ def _chunk_kernel(
     w, m1, m2 = load_row_state(
         w_ptrs, w_start, row, cols, row_mask, piece_head & head, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    if (first_row == last_row) & (first_row != sentinel):
-        # One row fills the chunk (a hot row): gather all its ids at once and reduce.
-        g = _gather_gradients(grad_ptr, start0, scale0, valid, cols, dim, SCALED, ALIGN)
-        run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
-    else:
-        # Each piece's lane adds its ids' gradients in sorted order: the first two ids
-        # at once (most runs have one or two), then one id per step.
-        second = piece_head & (q + 1 <= last) & (nxt == row)
-        run_sum = _gather_gradients(grad_ptr, start0, scale0, piece_head, cols, dim, SCALED, ALIGN)
-        run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
-        pos = q + 2
-        active = second & (pos <= last)
-        active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-        while tl.max(active.to(tl.int32), axis=0) > 0:
-            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
-            run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
-            pos += 1
-            active &= pos <= last
-            active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+    g = _gather_gradients(grad_ptr, start, scale, valid, cols, dim, SCALED, ALIGN)
+    # members[j, k]: id k belongs to the piece that lane j owns (sorted: same row).
+    members = piece_head[:, None] & valid[None, :] & (row[:, None] == row[None, :])
+    run_sum = tl.dot(members.to(tl.float32), g, input_precision="ieee")
     # The piece holding the chunk's last id goes on past the chunk when that id is not
     # its run's tail; a piece is a whole run when it starts the run and does not go on.
     last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
@@ -313,6 +297,7 @@ def _psw_grad_kernel(
 # nothing spills at sm_90 for any optimizer, D 32..512 (ptxas).
 CHUNK_ELEMENTS = 2048
 CHUNK_WARPS = 4
+MIN_CHUNK = 16  # tl.dot's smallest operand side
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
@@ -322,6 +307,17 @@ POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 o
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
+
+
+def chunk_launch_config(block_d: int) -> tuple:
+    """(ids per chunk, warps) of the update kernel: CHUNK_ELEMENTS per chunk over
+    CHUNK_WARPS, but at least MIN_CHUNK ids; a larger tile (rows wider than 128) gets a
+    warp per 512 elements, up to 16. (At D 512 a few optimizers then spill 24-64 bytes
+    a thread; 32 warps, capped at 64 registers a thread, spilled more.)"""
+    chunk = max(MIN_CHUNK, CHUNK_ELEMENTS // block_d)
+    if chunk * block_d <= CHUNK_ELEMENTS:
+        return chunk, CHUNK_WARPS
+    return chunk, min(16, chunk * block_d // 512)
 
 
 def backward_update(
@@ -398,7 +394,7 @@ def backward_update(
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    chunk = max(2, CHUNK_ELEMENTS // block_d)
+    chunk, chunk_warps = chunk_launch_config(block_d)
     num_chunks = triton.cdiv(N, chunk)
     pieces = torch.empty(num_chunks * 2 * block_d, dtype=torch.float32, device=device)
     if step is None:
@@ -417,7 +413,7 @@ def backward_update(
     _chunk_kernel[(num_chunks,)](
         grad_output, sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         weights, m1, m2, pieces, step, *hyper, N, sentinel,
-        SCALED=scaled, num_warps=CHUNK_WARPS, **modes,
+        SCALED=scaled, num_warps=chunk_warps, **modes,
     )  # fmt: skip
     _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
         sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, pieces, step, *hyper, N, sentinel,

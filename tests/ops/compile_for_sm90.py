@@ -88,12 +88,12 @@ def variants():
         ), warps, weights, "*i32"
         rounding = weights != "*fp32"
         for block_d in (128, 512):
-            chunk = max(2, backward.CHUNK_ELEMENTS // block_d)
+            chunk, chunk_warps = backward.chunk_launch_config(block_d)
             for optimizer in range(6):
                 yield backward._chunk_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
                     STOCHASTIC_ROUNDING=rounding, CHUNK=chunk, BLOCK_D=block_d, ALIGN=4,
-                ), backward.CHUNK_WARPS, weights, "*i32"  # fmt: skip
+                ), chunk_warps, weights, "*i32"  # fmt: skip
                 yield backward._crossing_kernel, dict(
                     OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
                     CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,

@@ -152,21 +152,33 @@ def _chunk_kernel(
     """Updates the rows whose whole run of ids lies in this chunk of CHUNK sorted ids;
     leaves the chunk's part of runs that cross its edges in ``pieces``.
 
-    All loads are issued in two dependent rounds: first the sorted arrays (rows, row
-    starts, D, gradient rows and factors), then the gradient rows, weights and optimizer
-    state together. The runs' sums are one product with a 0/1 matrix, in fp32 FMA (each
-    product is exact, so every sum adds its run's rows in sorted order, as a loop would).
+    A run that starts here and ends in the next chunk is summed and updated here too (its
+    ids there are gathered at once); the next chunk leaves it alone. Only runs longer
+    than that go through ``pieces`` and ``_crossing_kernel``.
+
+    The common case issues its loads in two dependent rounds: first the sorted arrays
+    (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the gradient
+    rows, weights and optimizer state together.
     """
     chunk = tl.program_id(0).to(tl.int64)
-    q = chunk * CHUNK + tl.arange(0, CHUNK)
+    c0 = chunk * CHUNK
+    q = c0 + tl.arange(0, CHUNK)
     lane = tl.arange(0, CHUNK)
     cols = tl.arange(0, BLOCK_D)
     in_range = q < num_indices
     row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    last_row = tl.load(sorted_rows_ptr + tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1)
-    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
+    first_row = tl.load(sorted_rows_ptr + c0)
+    last_row = tl.load(sorted_rows_ptr + tl.minimum(c0 + CHUNK, num_indices) - 1)
+    # Rows at the previous chunk's start - 1 and at the start of the chunk after next:
+    # whether the run at this chunk's start began in the previous chunk, and whether the
+    # run at its end goes past the next chunk (a long run).
+    before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
+    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
+    beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
+    start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
+    start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
     w_start, dim, row_mask, w_ptrs = _row_operands(
         weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
     )
@@ -180,25 +192,57 @@ def _chunk_kernel(
     w, m1, m2 = load_row_state(
         w_ptrs, w_start, row, cols, row_mask, piece_head & head, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    g = _gather_gradients(grad_ptr, start, scale, valid, cols, dim, SCALED, ALIGN)
-    # members[j, k]: id k belongs to the piece that lane j owns (sorted: same row).
-    members = piece_head[:, None] & valid[None, :] & (row[:, None] == row[None, :])
-    run_sum = tl.dot(members.to(tl.float32), g, input_precision="ieee")
+    if (first_row == last_row) & (first_row != sentinel):
+        # One row fills the chunk (a hot row): gather all its ids at once and reduce.
+        g = _gather_gradients(grad_ptr, start0, scale0, valid, cols, dim, SCALED, ALIGN)
+        run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
+    else:
+        # Each piece's lane adds its ids' gradients in sorted order: the first two ids
+        # at once (most runs have one or two), then one id per step.
+        second = piece_head & (q + 1 <= last) & (nxt == row)
+        run_sum = _gather_gradients(grad_ptr, start0, scale0, piece_head, cols, dim, SCALED, ALIGN)
+        run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
+        pos = q + 2
+        active = second & (pos <= last)
+        active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+        while tl.max(active.to(tl.int32), axis=0) > 0:
+            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
+            run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
+            pos += 1
+            active &= pos <= last
+            active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
     # The piece holding the chunk's last id goes on past the chunk when that id is not
-    # its run's tail; a piece is a whole run when it starts the run and does not go on.
+    # its run's tail. Such a run that started here is finished here when it ends in the
+    # next chunk: its ids there (a prefix of that chunk) are added at once.
     last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
+    long_run = last_goes_on & (after_next == last_row)
     goes_on = piece_head & (row == last_row) & last_goes_on
-    complete = piece_head & head & ~goes_on
+    extends = goes_on & head & ~long_run
+    if tl.max(extends.to(tl.int32), axis=0) > 0:
+        ahead = q + CHUNK
+        ahead_row = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1)
+        member = ahead_row == last_row
+        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
+        ahead_dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
+        g = _gather_gradients(grad_ptr, start, scale, member, cols, ahead_dim, SCALED, ALIGN)
+        run_sum += tl.where(extends[:, None], tl.sum(g, axis=0)[None, :], 0.0)
+    complete = piece_head & head & (~goes_on | extends)
+    # The run at this chunk's start, begun earlier: the previous chunk finished it when it
+    # began there and ends here; otherwise this chunk's part of it is a piece.
+    began_in_previous = before_prev != first_row
+    finished_before = began_in_previous & (beyond_next != first_row)
     apply_update(
         run_sum, w, m1, m2, complete, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
         OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
-    # Pieces of crossing runs: [chunk, 0] the first run's part (when it began earlier),
-    # [chunk, 1] the last run's part (when it goes on after this chunk).
+    # Pieces of long runs: [chunk, 0] the first run's part (when it began earlier and the
+    # previous chunk did not finish it), [chunk, 1] the last run's part (when it starts
+    # here and is long).
     piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :] + 0 * q[:, None]
-    tl.store(piece_ptrs, run_sum, mask=(piece_head & (lane == 0) & ~head)[:, None])
-    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=goes_on[:, None])
+    first_piece = piece_head & (lane == 0) & ~head & ~finished_before
+    tl.store(piece_ptrs, run_sum, mask=first_piece[:, None])
+    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=(goes_on & head & long_run)[:, None])
 
 
 @triton.jit
@@ -210,8 +254,8 @@ def _crossing_kernel(
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, ALIGN: tl.constexpr,
     CHUNKS_PER_PROGRAM: tl.constexpr,
 ):  # fmt: skip
-    """Runs that begin in one chunk and go on past it (CHUNKS_PER_PROGRAM chunks looked
-    at per program, most with none): add each run's pieces, then update its row."""
+    """Runs that begin in one chunk and go on past the next (CHUNKS_PER_PROGRAM chunks
+    looked at per program, most with none): add each run's pieces, then update its row."""
     num_chunks = (num_indices + CHUNK - 1) // CHUNK
     chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
     exists = chunks < num_chunks
@@ -220,7 +264,11 @@ def _crossing_kernel(
     rows = tl.load(sorted_rows_ptr + lasts, mask=exists, other=sentinel)
     after = tl.load(sorted_rows_ptr + lasts + 1, mask=exists & (lasts + 1 < num_indices), other=-1)
     before = tl.load(sorted_rows_ptr + firsts - 1, mask=exists & (firsts > 0), other=-1)
-    starts = exists & (rows != sentinel) & (after == rows) & (before != rows)
+    # Runs the chunk kernel left: they go past the chunk after their first one.
+    after_next = tl.load(
+        sorted_rows_ptr + firsts + 2 * CHUNK, mask=exists & (firsts + 2 * CHUNK < num_indices), other=-1
+    )
+    starts = exists & (rows != sentinel) & (after == rows) & (before != rows) & (after_next == rows)
     cols = tl.arange(0, BLOCK_D)
     span = tl.arange(0, SPAN)
     one = tl.arange(0, 1)
@@ -292,12 +340,12 @@ def _psw_grad_kernel(
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
-# Ids per chunk times BLOCK_D: 2048 elements over 4 warps (16 ids at D=128) was the
-# fastest of 1024..8192 elements over 2..16 warps on the H200 (profile_backward), and
-# nothing spills at sm_90 for any optimizer, D 32..512 (ptxas).
-CHUNK_ELEMENTS = 2048
+# Ids per chunk times BLOCK_D: 1024 elements over 4 warps (8 ids at D=128) was the
+# fastest of 1024..8192 elements over 2..16 warps on the H200 (profile_backward) for
+# rowwise Adagrad and Adam, uniform ids; nothing spills at sm_90 (ptxas).
+CHUNK_ELEMENTS = 1024
 CHUNK_WARPS = 4
-MIN_CHUNK = 16  # tl.dot's smallest operand side
+MIN_CHUNK = 2
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
@@ -311,9 +359,8 @@ INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 def chunk_launch_config(block_d: int) -> tuple:
     """(ids per chunk, warps) of the update kernel: CHUNK_ELEMENTS per chunk over
-    CHUNK_WARPS, but at least MIN_CHUNK ids; a larger tile (rows wider than 128) gets a
-    warp per 512 elements, up to 16. (At D 512 a few optimizers then spill 24-64 bytes
-    a thread; 32 warps, capped at 64 registers a thread, spilled more.)"""
+    CHUNK_WARPS, but at least MIN_CHUNK ids; a larger tile (rows wider than
+    CHUNK_ELEMENTS / MIN_CHUNK) gets a warp per 512 elements, up to 16."""
     chunk = max(MIN_CHUNK, CHUNK_ELEMENTS // block_d)
     if chunk * block_d <= CHUNK_ELEMENTS:
         return chunk, CHUNK_WARPS

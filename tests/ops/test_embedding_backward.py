@@ -131,6 +131,19 @@ def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
 
 
+@pytest.mark.parametrize("chunk_ids", [2, 4, 8])
+def test_runs_across_chunk_edges(monkeypatch, chunk_ids):
+    """Tiny chunks against runs of every length: runs that end in the next chunk (summed
+    by the chunk where they start), longer ones (pieces and the crossing kernel), chunks
+    inside one run, and runs starting at a chunk's first or last id."""
+    from tbe_plugin.ops import embedding_backward
+
+    monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", chunk_ids * 32)  # BLOCK_D is 32
+    monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", 4)
+    emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, weighted=True, lr=0.05)
+
+
 def test_per_sample_weight_gradient():
     for pooling in ("SUM", "MEAN"):
         emb = build("EXACT_SGD", pooling, learning_rate=0.0)

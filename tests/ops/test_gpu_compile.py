@@ -32,12 +32,7 @@ def test_every_kernel_compiles_for_sm90(compiled):
 
 def test_backward_kernels_do_not_spill_registers(compiled):
     """The forward's launch configs were picked by timing on the H200 (some spill a little:
-    the measured trade-off); the backward's are sized so that nothing spills up to D 256,
-    and at most 64 bytes a thread at D 512 (``chunk_launch_config``)."""
+    the measured trade-off); the backward's are sized so that nothing spills."""
     forward_kernels = ("_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel")
-
-    def allowed(record):
-        return 64 if record["constexprs"].get("BLOCK_D", 0) >= 512 else 0
-
-    spilling = [r for r in compiled if r["kernel"] not in forward_kernels and r.get("stack_bytes", 0) > allowed(r)]
+    spilling = [r for r in compiled if r["kernel"] not in forward_kernels and r.get("stack_bytes", 0) != 0]
     assert not spilling, json.dumps(spilling, indent=1)[:4000]

@@ -46,6 +46,18 @@ _OPTIMIZER_STATE = {
     "LAMB": ("element", "element", True),
 }
 _WEIGHT_DECAY_MODES = ("NONE", "L2", "DECOUPLE")
+# FBGEMM's get_optimizer_state() names for each table's split_optimizer_states(), in order.
+_STATE_NAMES = {
+    "EXACT_SGD": (),
+    "EXACT_ROWWISE_ADAGRAD": ("sum",),
+    "EXACT_ADAGRAD": ("sum",),
+    "ADAM": ("exp_avg", "exp_avg_sq"),
+    "PARTIAL_ROWWISE_ADAM": ("exp_avg", "exp_avg_sq"),
+    "LAMB": ("exp_avg", "exp_avg_sq"),
+}
+# The names FBGEMM's update_hyper_parameters() accepts; "lower_bound" is global weight
+# decay's floor, read only with global weight decay, which this module rejects.
+_HYPER_PARAMETERS = ("lr", "eps", "beta1", "beta2", "weight_decay", "lower_bound")
 
 # FBGEMM constructor arguments this module does not implement, with the values at which
 # they have no effect (FBGEMM's defaults). Passing another value raises, naming it.
@@ -355,11 +367,19 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             states.append(per_table)
         return states
 
+    def get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
+        """Per table, ``split_optimizer_states()``'s views under FBGEMM's names: ``sum``
+        (Adagrad), ``exp_avg`` and ``exp_avg_sq`` (Adam, LAMB); ``[]`` for EXACT_SGD."""
+        names = _STATE_NAMES[self.optimizer]
+        return [dict(zip(names, states)) for states in self.split_optimizer_states()]
+
     @torch.no_grad()
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
         """Fills every table with U(min_val, max_val), table by table as FBGEMM does."""
         for view in self.split_embedding_weights():
             view.uniform_(min_val, max_val)
+
+    # ---------------------------------------------------------------- optimizer
 
     def set_learning_rate(self, lr: float) -> None:
         """Sets the learning rate of the fused optimizer (a runtime value: nothing recompiles)."""
@@ -367,6 +387,39 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
 
     def get_learning_rate(self) -> float:
         return self.learning_rate_tensor.item()
+
+    def set_optimizer_step(self, step: int) -> None:
+        """Sets the step count of Adam/LAMB's bias correction: the next step is ``step + 1``.
+
+        Optimizers without one accept it and change nothing, as in FBGEMM (which writes it to
+        a counter they never read). FBGEMM's forward reads a host copy of the count that
+        follows this only before the process's first step; here there is one count.
+        """
+        if int(step) < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if _OPTIMIZER_STATE[self.optimizer][2]:
+            self.iter.fill_(int(step))
+
+    def update_hyper_parameters(self, params_dict: Dict[str, float]) -> None:
+        """Sets hyper-parameters by FBGEMM's names; the next backward reads them. An unknown
+        name raises before any is set. They are runtime kernel arguments, but torch.compile
+        guards on the floats (not on ``lr``, a tensor): a change retraces a compiled graph."""
+        for name in params_dict:
+            if name not in _HYPER_PARAMETERS:
+                raise NotImplementedError(f"Setting hyper-parameter {name} is not supported")
+        if "weight_decay" in params_dict:
+            self._check_weight_decay(float(params_dict["weight_decay"]))
+        for name, value in params_dict.items():
+            if name == "lr":
+                self.set_learning_rate(value)
+            elif name != "lower_bound":  # inert without global weight decay, as in FBGEMM
+                self.optimizer_args[name] = float(value)
+
+    def flush(self) -> None:
+        """No-op: there is no cache to write back; the tables are the only copy."""
+
+    def reset_cache_states(self) -> None:
+        """No-op: there is no cache whose state could be reset."""
 
     # ------------------------------------------------------------------ forward
 

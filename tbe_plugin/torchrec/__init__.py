@@ -1,0 +1,23 @@
+"""TorchRec adapter: ``backend="triton"`` through TorchRec's planner and sharders.
+
+``get_sharders("triton")`` (or ``"fbgemm"``) gives the sharders for
+``DistributedModelParallel`` and the planner; ``make_planner`` a planner that prices our
+kernel on CPU and GPU topologies. Depends on ``tbe_plugin.module``; nothing below it
+depends on TorchRec.
+"""
+
+from tbe_plugin.torchrec.planner import make_planner
+from tbe_plugin.torchrec.sharders import (
+    BACKENDS,
+    FbgemmEmbeddingBagCollectionSharder,
+    TritonEmbeddingBagCollectionSharder,
+    get_sharders,
+)
+
+__all__ = [
+    "BACKENDS",
+    "FbgemmEmbeddingBagCollectionSharder",
+    "TritonEmbeddingBagCollectionSharder",
+    "get_sharders",
+    "make_planner",
+]

@@ -1,0 +1,51 @@
+"""Runs a function in a few CPU processes joined by gloo, and collects what each returns.
+
+The workers are spawned: they import everything afresh, inheriting the parent's
+environment (``TRITON_INTERPRET=1`` from conftest), and return plain Python values.
+"""
+
+import os
+import pickle
+import socket
+import tempfile
+from typing import Any, Callable, List
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+    )  # fmt: skip
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        result = fn(rank, world_size, *args)
+        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(result, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> List[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; their results by rank.
+    ``fn`` must be importable (a module-level function)."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.start_processes(
+            _worker, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size,
+            start_method="spawn",
+        )  # fmt: skip
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(out_dir, f"rank{rank}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+        return results

@@ -23,3 +23,21 @@ def test_triton_matches_fbgemm_fused(parity, sharding_type):
         for what in ("output", "loss", "weights", "states"):
             assert r[what] < 1e-5, (what, r)
         assert r["state_keys"], r
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return run_distributed(workers.checkpoint_worker, 2, str(tmp_path_factory.mktemp("dcp")))
+
+
+@pytest.mark.parametrize("case", ["row_wise:fbgemm->triton", "row_wise:triton->fbgemm",
+                                  "column_wise:fbgemm->triton", "column_wise:triton->fbgemm"])  # fmt: skip
+def test_checkpoint_crosses_backends(checkpoints, case):
+    """A checkpoint written with one backend (torch.distributed.checkpoint, model and
+    fused optimizer) loads into the other, and training continues identically."""
+    for rank, results in enumerate(checkpoints):
+        r = results[case]
+        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
+        for what in ("output", "weights", "states"):
+            assert r[what] < 1e-5, (what, r)
+        assert r["lr"][0] == r["lr"][1], r

@@ -188,3 +188,46 @@ def parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
 
             results[sharding_type] = {"error": traceback.format_exc()[-3000:]}
     return results
+
+
+def checkpoint_worker(rank: int, world_size: int, directory: str) -> Dict[str, Any]:
+    """Per sharding type and direction: 2 steps on one backend, ``torch.distributed.
+    checkpoint`` save of the model and the fused optimizer, load into a fresh model on the
+    other backend, 2 more steps on both; how far apart the continuations are."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    reference = make_ebc("cpu")
+    full = {n: reference.embedding_bags[n].weight.detach().clone() for n, *_ in TABLES}
+    results = {}
+    for sharding_type in ("row_wise", "column_wise"):
+        plan = make_plan(sharding_type, world_size)
+        for source, target in (("fbgemm", "triton"), ("triton", "fbgemm")):
+            try:
+                path = os.path.join(directory, f"{sharding_type}-{source}")
+                original = make_dmp(source, plan)
+                set_from_full(original, full)
+                train(original, rank, range(2))
+                dcp.save({"model": original.state_dict(), "optim": original.fused_optimizer.state_dict()}, checkpoint_id=path)
+                restored = make_dmp(target, plan)  # its own random initial weights
+                state = {"model": restored.state_dict(), "optim": restored.fused_optimizer.state_dict()}
+                dcp.load(state, checkpoint_id=path)
+                restored.load_state_dict(state["model"])
+                restored.fused_optimizer.load_state_dict(state["optim"])
+                a, b = train(original, rank, range(2, 4)), train(restored, rank, range(2, 4))
+                results[f"{sharding_type}:{source}->{target}"] = {
+                    "output": max(_dict_diff(x, y) for x, y in zip(a["outputs"], b["outputs"])),
+                    "weights": max_diff(local_shards(original.state_dict()), local_shards(restored.state_dict())),
+                    "states": max_diff(
+                        local_shards(original.fused_optimizer.state_dict()["state"]),
+                        local_shards(restored.fused_optimizer.state_dict()["state"]),
+                    ),
+                    "lr": (original.fused_optimizer.param_groups[0]["lr"], restored.fused_optimizer.param_groups[0]["lr"]),
+                }
+            except Exception:  # reported per case, asserted by the test
+                import traceback
+
+                results[f"{sharding_type}:{source}->{target}"] = {"error": traceback.format_exc()[-3000:]}
+    return results

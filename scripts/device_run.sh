@@ -2,6 +2,7 @@
 # On the device (after .gpu-stack/install.sh b): GPU tests, A/B benchmarks and the launch
 # sweep, each step under its own time limit, logs and reports into $OUT.
 # Usage: bash scripts/device_run.sh STEP...   steps: fwdtests bwdtests bench bwdbench selfcheck tune profile
+#        adaptertests shardedbench
 set -uo pipefail
 export PYTHONPATH=/tmp/gpu-site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-bench-out}
@@ -17,6 +18,8 @@ for step in "$@"; do
     bwdbench) timeout ${BWD_BENCH_TIMEOUT:-200} python3 -m tbe_plugin.benchmarks.backward --out "$OUT" ${BWD_BENCH_ARGS:-} 2>&1 | tail -60 | tee "$OUT/bwdbench.log" ;;
     selfcheck) timeout 120 python3 -m tbe_plugin.benchmarks.forward --self-check --configs b8192,zipf1.15 --out "$OUT/selfcheck" 2>&1 | tail -20 | tee "$OUT/selfcheck.log" ;;
     profile) timeout ${PROFILE_TIMEOUT:-240} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tail -30 | tee "$OUT/profile.log" ;;
+    adaptertests) timeout ${ADAPTER_TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/torchrec 2>&1 | tee "$OUT/gpu_adapter_tests.log" | tail -30 ;;
+    shardedbench) timeout ${SHARDED_BENCH_TIMEOUT:-200} python3 -m tbe_plugin.benchmarks.sharded --out "$OUT" ${SHARDED_BENCH_ARGS:-} 2>&1 | tail -30 | tee "$OUT/shardedbench.log" ;;
     tune) timeout ${TUNE_TIMEOUT:-240} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" ${TUNE_ARGS:-} 2>&1 | tail -30 | tee "$OUT/tune.log" ;;
     *) echo "unknown step $step" ;;
   esac

@@ -1,4 +1,4 @@
-"""Runs a function in a few CPU processes joined by gloo, and collects what each returns.
+"""Runs a function in a few processes joined by a process group, and collects what each returns.
 
 The workers are spawned: they import everything afresh, inheriting the parent's
 environment (``TRITON_INTERPRET=1`` from conftest), and return plain Python values.
@@ -19,14 +19,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
+def _worker(rank: int, world_size: int, port: int, out_dir: str, backend: str, fn: Callable[..., Any], args: tuple) -> None:
     import torch.distributed as dist
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
     )  # fmt: skip
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, *args)
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
@@ -36,12 +36,13 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
         dist.destroy_process_group()
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> List[Any]:
-    """``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; their results by rank.
-    ``fn`` must be importable (a module-level function)."""
+def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, backend: str = "gloo") -> List[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` ranks of a ``backend`` process
+    group (gloo on CPU, nccl on GPUs); their results by rank. ``fn`` must be importable
+    (a module-level function)."""
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
-            _worker, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size,
+            _worker, args=(world_size, free_port(), out_dir, backend, fn, args), nprocs=world_size,
             start_method="spawn",
         )  # fmt: skip
         results = []

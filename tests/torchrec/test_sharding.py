@@ -41,3 +41,24 @@ def test_checkpoint_crosses_backends(checkpoints, case):
         for what in ("output", "weights", "states"):
             assert r[what] < 1e-5, (what, r)
         assert r["lr"][0] == r["lr"][1], r
+
+
+GPU_SHARDING_TYPES = ["table_wise", "column_wise", "row_wise"]
+
+
+@pytest.fixture(scope="module")
+def gpu_parity():
+    return run_distributed(workers.parity_worker, 1, "cuda", GPU_SHARDING_TYPES, backend="nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sharding_type", GPU_SHARDING_TYPES)
+def test_triton_matches_fbgemm_fused_on_cuda(gpu_parity, sharding_type):
+    """World size 1 on the GPU (the device has one): DMP with our kernel against FUSED."""
+    r = gpu_parity[0][sharding_type]
+    assert "error" not in r, r.get("error")
+    assert "TritonFusedEmbeddingBag" in r["kernels"], r["kernels"]
+    assert r["trained"] > 1e-3
+    assert r["unsharded"] < 1e-5, r
+    for what in ("output", "loss", "weights", "states"):
+        assert r[what] < 1e-5, (what, r)

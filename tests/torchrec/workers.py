@@ -32,7 +32,7 @@ def make_ebc(device: str = "meta"):
     return ebc
 
 
-def make_plan(sharding_type: str, world_size: int) -> Dict[str, Any]:
+def make_plan(sharding_type: str, world_size: int, device_type: str = "cpu") -> Dict[str, Any]:
     """The same plan for both backends (the FUSED kernel; set per backend later)."""
     from torchrec.distributed import sharding_plan as sp
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -42,23 +42,23 @@ def make_plan(sharding_type: str, world_size: int) -> Dict[str, Any]:
     ebc = make_ebc()
     if sharding_type == "table_column_wise":  # no generator for it: ask the planner
         constraints = {n: ParameterConstraints(sharding_types=[sharding_type], min_partition=4) for n, *_ in TABLES}
-        topology = Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu")
+        topology = Topology(world_size=world_size, local_world_size=world_size, compute_device=device_type)
         return dict(make_planner(topology, constraints=constraints).plan(ebc, get_sharders("fbgemm")).plan[""])
     generators = {
         "table_wise": lambda i: sp.table_wise(rank=i % world_size),
-        "column_wise": lambda i: sp.column_wise(ranks=list(range(world_size))),
+        "column_wise": lambda i: sp.column_wise(ranks=[r % world_size for r in range(2)]),
         "row_wise": lambda i: sp.row_wise(),
         "table_row_wise": lambda i: sp.table_row_wise(host_index=0),
         "grid_shard": lambda i: sp.grid_shard(host_indexes=[0]),
     }
     plan = sp.construct_module_sharding_plan(
         ebc, {n: generators[sharding_type](i) for i, (n, *_) in enumerate(TABLES)},
-        local_size=world_size, world_size=world_size, device_type="cpu",
+        local_size=world_size, world_size=world_size, device_type=device_type,
     )  # fmt: skip
     return dict(plan)
 
 
-def make_dmp(backend: str, plan: Dict[str, Any]):
+def make_dmp(backend: str, plan: Dict[str, Any], device: str = "cpu"):
     import copy
 
     from torchrec.distributed import DistributedModelParallel
@@ -72,11 +72,11 @@ def make_dmp(backend: str, plan: Dict[str, Any]):
         parameter_sharding.compute_kernel = kernel
     return DistributedModelParallel(
         make_ebc(), env=ShardingEnv.from_process_group(dist.group.WORLD), plan=ShardingPlan({"": plan}),
-        device=torch.device("cpu"), sharders=get_sharders(backend),
+        device=torch.device(device), sharders=get_sharders(backend),
     )  # fmt: skip
 
 
-def batch(rank: int, step: int):
+def batch(rank: int, step: int, device: str = "cpu"):
     """This rank's local batch at ``step``: BATCH bags per feature, 0..3 ids each."""
     from torchrec import KeyedJaggedTensor
 
@@ -86,7 +86,8 @@ def batch(rank: int, step: int):
         torch.randint(0, rows, (int(lengths[t * BATCH:(t + 1) * BATCH].sum()),), generator=g)
         for t, (_, rows, _, _) in enumerate(TABLES)
     ])  # fmt: skip
-    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{t}" for t in range(len(TABLES))], values=values, lengths=lengths)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"f{t}" for t in range(len(TABLES))], values=values, lengths=lengths)
+    return kjt.to(torch.device(device))
 
 
 def local_shards(state: Dict[str, Any]) -> Dict[str, List[torch.Tensor]]:
@@ -98,7 +99,7 @@ def local_shards(state: Dict[str, Any]) -> Dict[str, List[torch.Tensor]]:
             for k, v in value.items():
                 walk(f"{prefix}{k}.", v)
         elif hasattr(value, "local_shards"):
-            out[prefix[:-1]] = [s.tensor.detach().clone() for s in value.local_shards()]
+            out[prefix[:-1]] = [s.tensor.detach().cpu().clone() for s in value.local_shards()]
 
     walk("", state)
     return out
@@ -122,21 +123,21 @@ def set_from_full(dmp, full: Dict[str, torch.Tensor]) -> None:
             table = key.split(".")[-2]
             for shard in value.local_shards():
                 (r0, c0), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                shard.tensor.copy_(full[table][r0:r0 + n, c0:c0 + m])
+                shard.tensor.copy_(full[table][r0:r0 + n, c0:c0 + m].to(shard.tensor.device))
 
 
-def train(dmp, rank: int, steps: range, new_lr_at: int = -1) -> Dict[str, Any]:
+def train(dmp, rank: int, steps: range, new_lr_at: int = -1, device: str = "cpu") -> Dict[str, Any]:
     outputs, losses = [], []
     for step in steps:
         if step == new_lr_at:  # as a scheduler does: edit param_groups, then step()
             for group in dmp.fused_optimizer.param_groups:
                 group["lr"] = LR / 2
             dmp.fused_optimizer.step()
-        pooled = dmp(batch(rank, step))  # a KeyedTensor: its key order is the plan's
+        pooled = dmp(batch(rank, step, device))  # a KeyedTensor: its key order is the plan's
         y = pooled.values()
         loss = (y * y).sum() / 2
         loss.backward()
-        outputs.append({k: v.detach().clone() for k, v in pooled.to_dict().items()})
+        outputs.append({k: v.detach().cpu().clone() for k, v in pooled.to_dict().items()})
         losses.append(loss.item())
     return {"outputs": outputs, "losses": losses}
 
@@ -148,7 +149,7 @@ def _unsharded_comparable(sharding_type: str) -> List[str]:
     return [f"f{n[1:]}" for n, _, _, p in TABLES if sharding_type != "grid_shard" or p == "SUM"]
 
 
-def parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
+def parity_worker(rank: int, world_size: int, device: str = "cpu", sharding_types=SHARDING_TYPES) -> Dict[str, Any]:
     """Per sharding type: both backends from the same weights, 3 steps (the learning rate
     halved before the last); how far apart outputs, losses, weights and optimizer states
     are, and how far step 0 is from the unsharded collection."""
@@ -157,14 +158,16 @@ def parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
     full = {n: reference.embedding_bags[n].weight.detach().clone() for n, *_ in TABLES}
     unsharded = reference(batch(rank, 0)).to_dict()
     results = {}
-    for sharding_type in SHARDING_TYPES:
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    for sharding_type in sharding_types:
         try:
-            plan = make_plan(sharding_type, world_size)
+            plan = make_plan(sharding_type, world_size, device)
             runs = {}
             for backend in ("fbgemm", "triton"):
-                dmp = make_dmp(backend, plan)
+                dmp = make_dmp(backend, plan, device)
                 set_from_full(dmp, full)
-                run = train(dmp, rank, range(3), new_lr_at=2)
+                run = train(dmp, rank, range(3), new_lr_at=2, device=device)
                 run["weights"] = local_shards(dmp.state_dict())
                 run["states"] = local_shards(dmp.fused_optimizer.state_dict()["state"])
                 run["kernels"] = sorted(

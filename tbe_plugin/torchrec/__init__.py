@@ -10,14 +10,18 @@ from tbe_plugin.torchrec.planner import make_planner
 from tbe_plugin.torchrec.sharders import (
     BACKENDS,
     FbgemmEmbeddingBagCollectionSharder,
+    FbgemmEmbeddingCollectionSharder,
     TritonEmbeddingBagCollectionSharder,
+    TritonEmbeddingCollectionSharder,
     get_sharders,
 )
 
 __all__ = [
     "BACKENDS",
     "FbgemmEmbeddingBagCollectionSharder",
+    "FbgemmEmbeddingCollectionSharder",
     "TritonEmbeddingBagCollectionSharder",
+    "TritonEmbeddingCollectionSharder",
     "get_sharders",
     "make_planner",
 ]

@@ -1,7 +1,9 @@
-"""TorchRec's lookup kernel for FUSED_TRITON tables: ``TritonTableBatchedEmbeddingBags``
-behind TorchRec's ``BaseBatchedEmbeddingBag`` and ``FusedOptimizerModule`` interfaces.
+"""TorchRec's lookup kernels for FUSED_TRITON tables: ``TritonTableBatchedEmbeddingBags``
+behind TorchRec's ``BaseBatchedEmbeddingBag`` (pooled) and ``BaseBatchedEmbedding``
+(unpooled) with ``FusedOptimizerModule``.
 
-It mirrors ``BatchedFusedEmbeddingBag`` (FBGEMM's FUSED kernel) member for member, and
+They mirror ``BatchedFusedEmbeddingBag``/``BatchedFusedEmbedding`` (FBGEMM's FUSED
+kernels) member for member, and
 reuses TorchRec's ``EmbeddingFusedOptimizer`` over our module, so the fused optimizer,
 its ``state_dict`` keys and sharded layouts, learning-rate schedulers and checkpoints
 are TorchRec's own: a checkpoint written with FBGEMM loads here and the reverse.
@@ -13,6 +15,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed.batched_embedding_kernel import (
+    BaseBatchedEmbedding,
     BaseBatchedEmbeddingBag,
     BatchedFusedEmbeddingBag,
     EmbeddingFusedOptimizer,
@@ -25,25 +28,16 @@ from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.torchrec.fused_params import module_kwargs
 
 
-class TritonFusedEmbeddingBag(BaseBatchedEmbeddingBag[torch.Tensor], FusedOptimizerModule):
-    """The tables of one ``GroupedEmbeddingConfig`` in one ``TritonTableBatchedEmbeddingBags``,
-    with the optimizer fused into the backward (TorchRec's FUSED semantics)."""
+class _TritonFusedKernel(FusedOptimizerModule):
+    """What both lookup kernels share: our module over the group's tables, TorchRec's
+    fused optimizer over it, and each table's weights as a slice of its flat buffer."""
 
-    def __init__(
-        self,
-        config: GroupedEmbeddingConfig,
-        pg: Optional[dist.ProcessGroup] = None,
-        device: Optional[torch.device] = None,
-        sharding_type: Optional[Any] = None,
-        env: Optional[Any] = None,
-    ) -> None:
-        _check_environment(env, device)
-        super().__init__(config, pg, device, sharding_type)
+    def _build(self, config: GroupedEmbeddingConfig, pg: Optional[dist.ProcessGroup], device, pooling_mode) -> None:
         names = [t.name for t in config.embedding_tables]
         try:
             self._emb_module = TritonTableBatchedEmbeddingBags(
                 **module_kwargs(
-                    self._local_rows, self._local_cols, self._feature_table_map, self._pooling,
+                    self._local_rows, self._local_cols, self._feature_table_map, pooling_mode,
                     config.data_type, names, config.fused_params, device,
                 )  # fmt: skip
             )
@@ -106,12 +100,45 @@ class TritonFusedEmbeddingBag(BaseBatchedEmbeddingBag[torch.Tensor], FusedOptimi
             )
         return super().forward(features)
 
-    # The same as FBGEMM's FUSED kernel: weights are no buffers, parameters carry no
+    # The same as FBGEMM's FUSED kernels: weights are no buffers, parameters carry no
     # optimizer of their own (the fused one updates them), flush/purge reach the module.
     named_buffers = BatchedFusedEmbeddingBag.named_buffers
     named_parameters = BatchedFusedEmbeddingBag.named_parameters
     flush = BatchedFusedEmbeddingBag.flush
     purge = BatchedFusedEmbeddingBag.purge
+
+
+class TritonFusedEmbeddingBag(_TritonFusedKernel, BaseBatchedEmbeddingBag[torch.Tensor]):
+    """Pooled tables (``EmbeddingBagCollection``), FBGEMM's ``BatchedFusedEmbeddingBag``
+    on our kernels; MEAN becomes SUM under row-wise shardings, as TorchRec arranges."""
+
+    def __init__(
+        self,
+        config: GroupedEmbeddingConfig,
+        pg: Optional[dist.ProcessGroup] = None,
+        device: Optional[torch.device] = None,
+        sharding_type: Optional[Any] = None,
+        env: Optional[Any] = None,
+    ) -> None:
+        _check_environment(env, device)
+        BaseBatchedEmbeddingBag.__init__(self, config, pg, device, sharding_type)
+        self._build(config, pg, device, self._pooling)
+
+
+class TritonFusedEmbedding(_TritonFusedKernel, BaseBatchedEmbedding[torch.Tensor]):
+    """Unpooled tables (``EmbeddingCollection``), FBGEMM's ``BatchedFusedEmbedding`` on
+    our kernels (pooling NONE: one row per id)."""
+
+    def __init__(
+        self,
+        config: GroupedEmbeddingConfig,
+        pg: Optional[dist.ProcessGroup] = None,
+        device: Optional[torch.device] = None,
+        env: Optional[Any] = None,
+    ) -> None:
+        _check_environment(env, device)
+        BaseBatchedEmbedding.__init__(self, config, pg, device)
+        self._build(config, pg, device, "NONE")
 
 
 def _check_environment(env: Optional[Any], device: Optional[torch.device]) -> None:

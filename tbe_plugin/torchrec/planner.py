@@ -12,16 +12,22 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 
 from tbe_plugin.torchrec._compat import triton_kernel
 
+# Our kernel's speed relative to FBGEMM's FUSED (which TorchRec prices at 1x the memory
+# bandwidth): a sharded DLRM-sized training step on the H200 took 5.17 ms with FBGEMM and
+# 6.62 ms with ours (benchmarks/results/sharded_h200.md), so plans are priced at 0.78x.
+TRITON_BANDWIDTH_FACTOR = 0.78
+
 
 def make_planner(
     topology: Topology,
     batch_size: int = 512,
     constraints: Optional[Dict[str, ParameterConstraints]] = None,
-    triton_bandwidth_factor: float = 1.0,
+    triton_bandwidth_factor: float = TRITON_BANDWIDTH_FACTOR,
 ) -> EmbeddingShardingPlanner:
     """``EmbeddingShardingPlanner`` on ``topology`` whose estimates price FUSED_TRITON at
     ``triton_bandwidth_factor`` x the memory bandwidth of the device it runs on (DDR on
-    CPU, HBM on GPU; TorchRec prices FBGEMM's FUSED at 1x)."""
+    CPU, HBM on GPU; TorchRec prices FBGEMM's FUSED at 1x; the default is measured, see
+    ``TRITON_BANDWIDTH_FACTOR``)."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
     from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimatorFactory

@@ -10,6 +10,7 @@ can only choose it; a table our kernel cannot serve fails at planning time, name
 from typing import Any, Dict, List, Optional
 
 import torch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ModuleSharder, ShardingType
 
@@ -17,6 +18,8 @@ from tbe_plugin.torchrec._compat import install_lookup_dispatch, triton_kernel
 from tbe_plugin.torchrec.fused_params import check_table, table_fused_params
 
 BACKENDS = ("triton", "fbgemm")
+# Every sharding type of EC tables but data parallel.
+UNPOOLED_SHARDING_TYPES = [ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value, ShardingType.ROW_WISE.value]
 # Every sharding type of EBC tables but data parallel (a dense, unfused replica).
 SHARDING_TYPES = [
     ShardingType.TABLE_WISE.value,
@@ -28,12 +31,14 @@ SHARDING_TYPES = [
 ]
 
 
-class TritonEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
-    """``EmbeddingBagCollection`` tables on ``TritonTableBatchedEmbeddingBags``, with the
-    optimizer fused into the backward; ``fused_params`` as for FBGEMM's FUSED kernel."""
+class _TritonSharder:
+    """What both Triton sharders add to TorchRec's: our kernel only, tables checked at
+    planning time, the lookup dispatch installed before sharding."""
+
+    _sharding_types: List[str]
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
-        return list(SHARDING_TYPES)
+        return list(self._sharding_types)
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         return [triton_kernel()]
@@ -42,11 +47,11 @@ class TritonEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         """The tables, each checked against our module with the fused params it will get
         (the planner calls this first, so an unsupported table fails before sharding)."""
         params = super().shardable_parameters(module)
-        configs = {config.name: config for config in module.embedding_bag_configs()}
+        configs = {config.name: config for config in self._table_configs(module)}
         for name, param in params.items():
             config = configs[name]
             check_table(
-                name, config.embedding_dim, _pooling_mode(config.pooling), config.data_type,
+                name, config.embedding_dim, self._pooling_mode(config), config.data_type,
                 table_fused_params(self.fused_params, param),
             )  # fmt: skip
         return params
@@ -54,6 +59,37 @@ class TritonEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     def shard(self, module: Any, params: Any, env: Any, device: Optional[torch.device] = None, *args: Any, **kwargs: Any) -> Any:
         install_lookup_dispatch()
         return super().shard(module, params, env, device, *args, **kwargs)
+
+
+class TritonEmbeddingBagCollectionSharder(_TritonSharder, EmbeddingBagCollectionSharder):
+    """``EmbeddingBagCollection`` tables on ``TritonTableBatchedEmbeddingBags``, with the
+    optimizer fused into the backward; ``fused_params`` as for FBGEMM's FUSED kernel."""
+
+    _sharding_types = SHARDING_TYPES
+
+    @staticmethod
+    def _table_configs(module: torch.nn.Module) -> list:
+        return module.embedding_bag_configs()
+
+    @staticmethod
+    def _pooling_mode(config: Any) -> Any:
+        from torchrec.modules.embedding_configs import pooling_type_to_pooling_mode
+
+        return pooling_type_to_pooling_mode(config.pooling)
+
+
+class TritonEmbeddingCollectionSharder(_TritonSharder, EmbeddingCollectionSharder):
+    """``EmbeddingCollection`` tables (one embedding per id, no pooling) on our kernels."""
+
+    _sharding_types = UNPOOLED_SHARDING_TYPES
+
+    @staticmethod
+    def _table_configs(module: torch.nn.Module) -> list:
+        return module.embedding_configs()
+
+    @staticmethod
+    def _pooling_mode(config: Any) -> str:
+        return "NONE"
 
 
 class FbgemmEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -70,17 +106,30 @@ class FbgemmEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return [EmbeddingComputeKernel.FUSED.value]
 
 
+class FbgemmEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's EC sharder restricted to FBGEMM's FUSED kernel (the same plans as ours)."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return list(UNPOOLED_SHARDING_TYPES)
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+        return [EmbeddingComputeKernel.FUSED.value]
+
+
 def get_sharders(backend: str, fused_params: Optional[Dict[str, Any]] = None) -> List[ModuleSharder]:
-    """The sharders for ``backend`` ("triton" or "fbgemm"), given ``fused_params``
-    (optimizer, learning_rate, eps, ...: FBGEMM's names, as for TorchRec's sharders)."""
+    """The sharders for ``backend`` ("triton" or "fbgemm"), for ``EmbeddingBagCollection``
+    and ``EmbeddingCollection``, given ``fused_params`` (optimizer, learning_rate, eps,
+    ...: FBGEMM's names, as for TorchRec's sharders)."""
     if backend == "triton":
-        return [TritonEmbeddingBagCollectionSharder(fused_params=fused_params)]
+        return [
+            TritonEmbeddingBagCollectionSharder(fused_params=fused_params),
+            TritonEmbeddingCollectionSharder(fused_params=fused_params),
+        ]
     if backend == "fbgemm":
-        return [FbgemmEmbeddingBagCollectionSharder(fused_params=fused_params)]
+        return [
+            FbgemmEmbeddingBagCollectionSharder(fused_params=fused_params),
+            FbgemmEmbeddingCollectionSharder(fused_params=fused_params),
+        ]
     raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
-
-
-def _pooling_mode(pooling: Any) -> Any:
-    from torchrec.modules.embedding_configs import pooling_type_to_pooling_mode
-
-    return pooling_type_to_pooling_mode(pooling)

@@ -62,3 +62,21 @@ def test_triton_matches_fbgemm_fused_on_cuda(gpu_parity, sharding_type):
     assert r["unsharded"] < 1e-5, r
     for what in ("output", "loss", "weights", "states"):
         assert r[what] < 1e-5, (what, r)
+
+
+@pytest.fixture(scope="module")
+def unpooled_parity():
+    return run_distributed(workers.unpooled_parity_worker, 2)
+
+
+@pytest.mark.parametrize("sharding_type", workers.UNPOOLED_SHARDING_TYPES)
+def test_embedding_collection_matches_fbgemm_fused(unpooled_parity, sharding_type):
+    """EmbeddingCollection (one embedding per id) through our unpooled kernel."""
+    for rank, results in enumerate(unpooled_parity):
+        r = results[sharding_type]
+        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
+        assert "TritonFusedEmbedding" in r["kernels"], r["kernels"]
+        assert r["trained"] > 1e-3
+        assert r["unsharded"] < 1e-5, r
+        for what in ("output", "weights", "states"):
+            assert r[what] < 1e-5, (what, r)

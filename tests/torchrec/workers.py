@@ -234,3 +234,101 @@ def checkpoint_worker(rank: int, world_size: int, directory: str) -> Dict[str, A
 
                 results[f"{sharding_type}:{source}->{target}"] = {"error": traceback.format_exc()[-3000:]}
     return results
+
+
+UNPOOLED_TABLES = [("t0", 40, 16), ("t1", 64, 16), ("t2", 48, 16)]  # (name, rows, dim)
+UNPOOLED_SHARDING_TYPES = ["table_wise", "column_wise", "row_wise"]
+
+
+def make_ec(device: str = "meta"):
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    tables = [
+        EmbeddingConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f{n[1:]}"])
+        for n, r, d in UNPOOLED_TABLES
+    ]
+    ec = EmbeddingCollection(tables=tables, device=torch.device(device))
+    if device == "meta":
+        _apply_optimizer_in_backward(RowWiseAdagrad, ec.embeddings.parameters(), {"lr": LR, "eps": EPS})
+    return ec
+
+
+def unpooled_batch(rank: int, step: int):
+    from torchrec import KeyedJaggedTensor
+
+    g = torch.Generator().manual_seed(2000 * rank + step)
+    lengths = torch.randint(0, 4, (len(UNPOOLED_TABLES) * BATCH,), generator=g)
+    values = torch.cat([
+        torch.randint(0, rows, (int(lengths[t * BATCH:(t + 1) * BATCH].sum()),), generator=g)
+        for t, (_, rows, _) in enumerate(UNPOOLED_TABLES)
+    ])  # fmt: skip
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{t}" for t in range(len(UNPOOLED_TABLES))], values=values, lengths=lengths)
+
+
+def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
+    """EmbeddingCollection (no pooling): per sharding type, both backends from the same
+    weights, 3 steps; how far apart the per-id embeddings, weights and states are."""
+    import copy
+
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from tbe_plugin.torchrec import get_sharders
+
+    torch.manual_seed(0)
+    reference = make_ec("cpu")
+    full = {n: reference.embeddings[n].weight.detach().clone() for n, *_ in UNPOOLED_TABLES}
+    unsharded = {k: v.values().detach() for k, v in reference(unpooled_batch(rank, 0)).items()}
+    generators = {
+        "table_wise": lambda i: sp.table_wise(rank=i % world_size),
+        "column_wise": lambda i: sp.column_wise(ranks=[r % world_size for r in range(2)]),
+        "row_wise": lambda i: sp.row_wise(),
+    }
+    results = {}
+    for sharding_type in UNPOOLED_SHARDING_TYPES:
+        try:
+            plan = sp.construct_module_sharding_plan(
+                make_ec(), {n: generators[sharding_type](i) for i, (n, *_) in enumerate(UNPOOLED_TABLES)},
+                local_size=world_size, world_size=world_size, device_type="cpu",
+            )  # fmt: skip
+            runs = {}
+            for backend in ("fbgemm", "triton"):
+                backend_plan = copy.deepcopy(dict(plan))
+                for parameter_sharding in backend_plan.values():
+                    parameter_sharding.compute_kernel = {"triton": "fused_triton", "fbgemm": "fused"}[backend]
+                dmp = DistributedModelParallel(
+                    make_ec(), env=ShardingEnv.from_process_group(dist.group.WORLD),
+                    plan=ShardingPlan({"": backend_plan}), device=torch.device("cpu"), sharders=get_sharders(backend),
+                )  # fmt: skip
+                set_from_full(dmp, full)
+                outputs = []
+                for step in range(3):
+                    embeddings = dmp(unpooled_batch(rank, step))
+                    loss = sum((jt.values() ** 2).sum() for jt in embeddings.values()) / 2
+                    loss.backward()
+                    outputs.append({k: jt.values().detach().clone() for k, jt in embeddings.items()})
+                with torch.no_grad():  # the first batch again, after the updates
+                    outputs.append({k: jt.values().clone() for k, jt in dmp(unpooled_batch(rank, 0)).items()})
+                runs[backend] = {
+                    "outputs": outputs,
+                    "weights": local_shards(dmp.state_dict()),
+                    "states": local_shards(dmp.fused_optimizer.state_dict()["state"]),
+                    "kernels": sorted({type(k).__name__ for lookup in dmp.module._lookups for k in lookup._emb_modules}),
+                }
+            a, b = runs["fbgemm"], runs["triton"]
+            results[sharding_type] = {
+                "output": max(_dict_diff(x, y) for x, y in zip(a["outputs"], b["outputs"])),
+                "weights": max_diff(a["weights"], b["weights"]),
+                "states": max_diff(a["states"], b["states"]),
+                "unsharded": _dict_diff(b["outputs"][0], unsharded),
+                "trained": _dict_diff(a["outputs"][0], a["outputs"][3]),
+                "kernels": b["kernels"],
+            }
+        except Exception:  # reported per sharding type, asserted by the test
+            import traceback
+
+            results[sharding_type] = {"error": traceback.format_exc()[-3000:]}
+    return results

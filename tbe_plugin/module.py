@@ -232,6 +232,9 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             "beta1": float(beta1),
             "beta2": float(beta2),
         }
+        # The same values as a host tensor, which the training ops take: a compiled graph
+        # then reads them at run time instead of guarding on the floats.
+        self.hyper_tensor = torch.tensor(self._hyper_values(), dtype=torch.float64)
 
         # Flat storage: table t's rows back to back from weights_offsets[t] (FBGEMM's
         # weights_dev / weights_offsets); each table pays for its own D only.
@@ -402,8 +405,8 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
 
     def update_hyper_parameters(self, params_dict: Dict[str, float]) -> None:
         """Sets hyper-parameters by FBGEMM's names; the next backward reads them. An unknown
-        name raises before any is set. They are runtime kernel arguments, but torch.compile
-        guards on the floats (not on ``lr``, a tensor): a change retraces a compiled graph."""
+        name raises before any is set. They are runtime values, for compiled graphs too
+        (held in a host tensor, as the learning rate is): nothing recompiles."""
         for name in params_dict:
             if name not in _HYPER_PARAMETERS:
                 raise NotImplementedError(f"Setting hyper-parameter {name} is not supported")
@@ -414,6 +417,10 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
                 self.set_learning_rate(value)
             elif name != "lower_bound":  # inert without global weight decay, as in FBGEMM
                 self.optimizer_args[name] = float(value)
+        self.hyper_tensor.copy_(torch.tensor(self._hyper_values(), dtype=torch.float64))
+
+    def _hyper_values(self) -> List[float]:
+        return [self.optimizer_args[k] for k in ("eps", "beta1", "beta2", "weight_decay")]
 
     def flush(self) -> None:
         """No-op: there is no cache to write back; the tables are the only copy."""
@@ -483,7 +490,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             int(Optimizer[self.optimizer]),
             int(WeightDecay[self.weight_decay_mode]),
             self.stochastic_rounding and self.weights_precision != torch.float32,
-            [self.optimizer_args[k] for k in ("eps", "beta1", "beta2", "weight_decay")],
+            self.hyper_tensor,
         )
 
     def _state_tensors(self) -> tuple:

@@ -44,14 +44,14 @@ def fused_update(
     optimizer: int,
     weight_decay_mode: int,
     stochastic_rounding: bool,
-    hyper: List[float],
+    hyper: torch.Tensor,
 ) -> torch.Tensor:
     """One optimizer step (step count and rounding seed advance first, as in FBGEMM);
     returns the per-sample-weight gradient, empty unless ``psw_requires_grad``."""
     if step is not None:
         step.add_(1)
     rounding_seed.add_(1)
-    eps, beta1, beta2, weight_decay = hyper
+    eps, beta1, beta2, weight_decay = hyper.tolist()  # a host tensor: no device sync
     args = OptimizerArgs(
         optimizer=optimizer,
         learning_rate=learning_rate.item(),
@@ -105,7 +105,7 @@ def tbe_lookup_train_op(
     optimizer: int,
     weight_decay_mode: int,
     stochastic_rounding: bool,
-    hyper: List[float],
+    hyper: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step; ``placeholder`` (an empty parameter) carries autograd.
 
@@ -149,15 +149,15 @@ def _setup_context(ctx, inputs, output):
      offsets, per_sample_weights, dims, pooling, bounds_check, _, align, total_rows, optimizer,
      weight_decay_mode, stochastic_rounding, hyper) = inputs  # fmt: skip
     ctx.save_for_backward(weights, momentum1, momentum2, step, rounding_seed, learning_rate,
-                          feature_meta, indices, offsets, per_sample_weights)  # fmt: skip
+                          feature_meta, indices, offsets, per_sample_weights, hyper)  # fmt: skip
     check = bounds_check != BoundsCheck.NONE
     ctx.config = (max(dims), total_rows, align, pooling, check, optimizer, weight_decay_mode,
-                  stochastic_rounding, hyper)  # fmt: skip
+                  stochastic_rounding)  # fmt: skip
 
 
 def _backward(ctx, grad_output, _grad_status):
-    saved = ctx.saved_tensors
-    max_dim, total_rows, align, pooling, check, optimizer, weight_decay_mode, rounding, hyper = ctx.config
+    *saved, hyper = ctx.saved_tensors
+    max_dim, total_rows, align, pooling, check, optimizer, weight_decay_mode, rounding = ctx.config
     psw_requires_grad = ctx.needs_input_grad[_PSW_INPUT]
     psw_grad = torch.ops.tbe_plugin.tbe_fused_update(
         grad_output.contiguous(), *saved, psw_requires_grad,

@@ -247,10 +247,13 @@ def test_compiled_training_matches_eager(backend, optimizer):
     for step in range(3):
         compiled_emb.set_learning_rate(0.05 / (step + 1))
         eager.set_learning_rate(0.05 / (step + 1))
+        if step == 2:  # hyper-parameters too are runtime values of the compiled graph
+            for emb in (eager, compiled_emb):
+                emb.update_hyper_parameters({"eps": 0.5, "beta1": 0.5})
         psw_a = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)).requires_grad_()
         psw_b = psw_a.detach().clone().requires_grad_()
         Model(eager)(indices, offsets, psw_a).backward()
-        # The learning rate, step count and rounding seed are runtime values: no recompile.
+        # Learning rate, hyper-parameters, step count, rounding seed: runtime values, no recompile.
         with torch._dynamo.config.patch(error_on_recompile=step > 0):
             compiled(indices, offsets, psw_b).backward()
         torch.testing.assert_close(psw_b.grad, psw_a.grad)

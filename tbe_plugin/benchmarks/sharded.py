@@ -183,7 +183,7 @@ def main(argv=None) -> dict:
         "ratio_fbgemm_over_triton": ratio,
         "args": vars(args),
     }
-    rows = [[b, f"{results[b]['median_ms']:.3f}", f"{results[b]['p10_ms']:.3f}", f"{results[b]['p90_ms']:.3f}"] for b in BACKENDS]
+    rows = [[b] + [f"{results[b][k]:.3f}" for k in ("median_ms", "p10_ms", "p90_ms")] for b in BACKENDS]
     markdown = "\n".join([
         "# Sharded EBC training step: backend=triton vs backend=fbgemm",
         "",

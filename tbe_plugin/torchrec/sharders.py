@@ -56,7 +56,9 @@ class _TritonSharder:
             )  # fmt: skip
         return params
 
-    def shard(self, module: Any, params: Any, env: Any, device: Optional[torch.device] = None, *args: Any, **kwargs: Any) -> Any:
+    def shard(
+        self, module: Any, params: Any, env: Any, device: Optional[torch.device] = None, *args: Any, **kwargs: Any
+    ) -> Any:
         install_lookup_dispatch()
         return super().shard(module, params, env, device, *args, **kwargs)
 

@@ -19,7 +19,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, backend: str, fn: Callable[..., Any], args: tuple) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, out_dir: str, backend: str, fn: Callable[..., Any], args: tuple
+) -> None:
     import torch.distributed as dist
 
     os.environ.update(

@@ -86,7 +86,8 @@ def batch(rank: int, step: int, device: str = "cpu"):
         torch.randint(0, rows, (int(lengths[t * BATCH:(t + 1) * BATCH].sum()),), generator=g)
         for t, (_, rows, _, _) in enumerate(TABLES)
     ])  # fmt: skip
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"f{t}" for t in range(len(TABLES))], values=values, lengths=lengths)
+    keys = [f"f{t}" for t in range(len(TABLES))]
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
     return kjt.to(torch.device(device))
 
 
@@ -109,6 +110,11 @@ def max_diff(a: Dict[str, List[torch.Tensor]], b: Dict[str, List[torch.Tensor]])
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     diffs = [(x - y).abs().max().item() for k in a for x, y in zip(a[k], b[k], strict=True) if x.numel()]
     return max(diffs, default=0.0)
+
+
+def lookup_kernels(dmp) -> List[str]:
+    """Class names of the lookup kernels the sharded module built."""
+    return sorted({type(kernel).__name__ for lookup in dmp.module._lookups for kernel in lookup._emb_modules})
 
 
 def _dict_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], keys=None) -> float:
@@ -170,9 +176,7 @@ def parity_worker(rank: int, world_size: int, device: str = "cpu", sharding_type
                 run = train(dmp, rank, range(3), new_lr_at=2, device=device)
                 run["weights"] = local_shards(dmp.state_dict())
                 run["states"] = local_shards(dmp.fused_optimizer.state_dict()["state"])
-                run["kernels"] = sorted(
-                    {type(kernel).__name__ for lookup in dmp.module._lookups for kernel in lookup._emb_modules}
-                )
+                run["kernels"] = lookup_kernels(dmp)
                 runs[backend] = run
             a, b = runs["fbgemm"], runs["triton"]
             results[sharding_type] = {
@@ -186,7 +190,7 @@ def parity_worker(rank: int, world_size: int, device: str = "cpu", sharding_type
                 "kernels": b["kernels"],
                 "plan": {k: (v.sharding_type, v.ranks) for k, v in plan.items()},
             }
-        except Exception as error:  # reported per sharding type, asserted by the test
+        except Exception:  # reported per sharding type, asserted by the test
             import traceback
 
             results[sharding_type] = {"error": traceback.format_exc()[-3000:]}
@@ -213,7 +217,8 @@ def checkpoint_worker(rank: int, world_size: int, directory: str) -> Dict[str, A
                 original = make_dmp(source, plan)
                 set_from_full(original, full)
                 train(original, rank, range(2))
-                dcp.save({"model": original.state_dict(), "optim": original.fused_optimizer.state_dict()}, checkpoint_id=path)
+                saved = {"model": original.state_dict(), "optim": original.fused_optimizer.state_dict()}
+                dcp.save(saved, checkpoint_id=path)
                 restored = make_dmp(target, plan)  # its own random initial weights
                 state = {"model": restored.state_dict(), "optim": restored.fused_optimizer.state_dict()}
                 dcp.load(state, checkpoint_id=path)
@@ -227,7 +232,7 @@ def checkpoint_worker(rank: int, world_size: int, directory: str) -> Dict[str, A
                         local_shards(original.fused_optimizer.state_dict()["state"]),
                         local_shards(restored.fused_optimizer.state_dict()["state"]),
                     ),
-                    "lr": (original.fused_optimizer.param_groups[0]["lr"], restored.fused_optimizer.param_groups[0]["lr"]),
+                    "lr": [m.fused_optimizer.param_groups[0]["lr"] for m in (original, restored)],
                 }
             except Exception:  # reported per case, asserted by the test
                 import traceback
@@ -264,7 +269,8 @@ def unpooled_batch(rank: int, step: int):
         torch.randint(0, rows, (int(lengths[t * BATCH:(t + 1) * BATCH].sum()),), generator=g)
         for t, (_, rows, _) in enumerate(UNPOOLED_TABLES)
     ])  # fmt: skip
-    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{t}" for t in range(len(UNPOOLED_TABLES))], values=values, lengths=lengths)
+    keys = [f"f{t}" for t in range(len(UNPOOLED_TABLES))]
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
 
 
 def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
@@ -316,7 +322,7 @@ def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
                     "outputs": outputs,
                     "weights": local_shards(dmp.state_dict()),
                     "states": local_shards(dmp.fused_optimizer.state_dict()["state"]),
-                    "kernels": sorted({type(k).__name__ for lookup in dmp.module._lookups for k in lookup._emb_modules}),
+                    "kernels": lookup_kernels(dmp),
                 }
             a, b = runs["fbgemm"], runs["triton"]
             results[sharding_type] = {

@@ -1,7 +1,8 @@
 """Where the fused backward's time goes, and how its launch sizes trade off, on the device.
 
 ``python -m tbe_plugin.benchmarks.profile_backward --out DIR`` runs forward + backward on
-the reference shape (T=32, B=8192, L=20, D=128, E=1e6, fp32; uniform and Zipf ids) for
+the reference shape (T=32, B=8192, L=20, D=128, E=1e6, fp32; uniform and Zipf ids; other B,
+L with ``--shapes``) for
 each optimizer asked, under ``torch.profiler``, and writes DIR/profile_backward.json with
 the CUDA time of every kernel (ours: positions, sort, chunk, crossing; plus torch's), and
 the backward's median time for each candidate launch size (``CANDIDATES``). Nothing reads
@@ -93,16 +94,23 @@ def main():
     parser.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD,ADAM")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--no-fbgemm", action="store_true", help="skip FBGEMM's kernel breakdown")
+    parser.add_argument(
+        "--shapes", default="8192x20:uniform,8192x20:zipf",
+        help="BxL:ids items (ids uniform or zipf); e.g. 65536x20:uniform, 8192x100:uniform",
+    )  # fmt: skip
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    T, B, L, D = 32, 8192, 20, 128
+    T, D = 32, 128
     report = []
     for optimizer in args.optimizers.split(","):
-        for zipf in (False, True):
+        for shape in args.shapes.split(","):
+            batch_len, ids = shape.split(":")
+            B, L = (int(x) for x in batch_len.split("x"))
+            zipf = ids == "zipf"
             emb = TritonTableBatchedEmbeddingBags([(args.rows, D)] * T, optimizer=optimizer, device="cuda")
             indices, offsets = make_batch(T, B, L, args.rows, zipf, "cuda")
             grad = torch.randn(B, T * D, device="cuda")
-            entry = {"optimizer": optimizer, "zipf": zipf, "kernels": kernel_breakdown(emb, indices, offsets, grad),
+            entry = {"optimizer": optimizer, "B": B, "L": L, "zipf": zipf, "kernels": kernel_breakdown(emb, indices, offsets, grad),
                      "candidates": [], "fbgemm_kernels": [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)}  # fmt: skip
             for overrides in CANDIDATES:
                 saved = {name: getattr(embedding_backward, name) for name in overrides}
@@ -112,7 +120,7 @@ def main():
                 for name, value in saved.items():
                     setattr(embedding_backward, name, value)
                 entry["candidates"].append({"overrides": overrides, "bwd_ms": ms})
-                print(optimizer, "zipf" if zipf else "uniform", overrides or "defaults", f"{ms:.3f} ms", flush=True)
+                print(optimizer, shape, overrides or "defaults", f"{ms:.3f} ms", flush=True)
             report.append(entry)
             del emb
             torch.cuda.empty_cache()

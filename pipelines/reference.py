@@ -1,0 +1,47 @@
+"""The loop the staleness pipeline must equal: batch j's lookup sees the tables after
+j - k updates. Written plainly (no TorchRec pipeline machinery), for tests and benchmarks."""
+
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+
+def reference_train(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any], staleness: int
+) -> List[Any]:
+    """Trains ``model`` (a DMP whose forward returns ``(loss, output)``) on ``batches``:
+    before training batch i, the sharded embedding modules look up batches i .. i+k that
+    have not been looked up yet; batch i's forward then uses its stored lookup."""
+    sharded = _sharded_modules(model)
+    lookups: Dict[int, Dict[str, Any]] = {}
+    outputs = []
+    for i in range(len(batches)):
+        for j in range(i, min(i + staleness + 1, len(batches))):
+            if j not in lookups:
+                lookups[j] = {name: module.forward(_features(batches[j], name)) for name, module in sharded.items()}
+        originals = {name: module.forward for name, module in sharded.items()}
+        try:
+            for name, module in sharded.items():
+                module.forward = lambda *args, _result=lookups[i][name], **kwargs: _result
+            optimizer.zero_grad()
+            loss, output = model(batches[i])
+        finally:
+            for name, module in sharded.items():
+                module.forward = originals[name]
+        del lookups[i]
+        loss.backward()
+        optimizer.step()
+        outputs.append(output)
+    return outputs
+
+
+def _sharded_modules(model: torch.nn.Module) -> Dict[str, torch.nn.Module]:
+    from torchrec.distributed.types import ShardedModule
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, ShardedModule)}
+
+
+def _features(batch: Any, module_name: str) -> Any:
+    """The KeyedJaggedTensor a sharded module reads: the batch's ``sparse_features``
+    (TorchRec's ``Batch``); models that route features differently need their own."""
+    return batch.sparse_features

@@ -1,0 +1,190 @@
+"""What each gloo rank runs in the pipeline tests: a small DLRM-like model (an EBC and a
+dense part, forward returning ``(loss, logits)``) trained by the pipeline and by the
+reference loops, from identical starting weights."""
+
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+from tests.torchrec.workers import LR, EPS, TABLES, make_plan, set_from_full
+
+BATCH = 4
+DENSE_IN = 3
+
+
+class Model(torch.nn.Module):
+    def __init__(self, device: str = "meta"):
+        super().__init__()
+        from torch.distributed.optim import _apply_optimizer_in_backward
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+        from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+        tables = [
+            EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f{n[1:]}"],
+                               pooling=PoolingType[p])  # fmt: skip
+            for n, r, d, p in TABLES
+        ]
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device(device))
+        if device == "meta":
+            _apply_optimizer_in_backward(RowWiseAdagrad, self.ebc.embedding_bags.parameters(), {"lr": LR, "eps": EPS})
+        generator = torch.Generator().manual_seed(1)
+        width = sum(d for _, _, d, _ in TABLES)
+        self.dense = torch.nn.Linear(DENSE_IN, 8)
+        self.over = torch.nn.Linear(width + 8, 1)
+        with torch.no_grad():
+            for p in (*self.dense.parameters(), *self.over.parameters()):
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+
+    def forward(self, batch):
+        pooled = self.ebc(batch.sparse_features)
+        x = torch.cat([pooled.values(), self.dense(batch.dense_features)], dim=1)
+        logits = self.over(x).squeeze(1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, logits.detach()
+
+
+def make_batch(rank: int, step: int):
+    from torchrec import KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch
+
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    lengths = torch.randint(0, 4, (len(TABLES) * BATCH,), generator=g)
+    values = torch.cat([
+        torch.randint(0, rows, (int(lengths[t * BATCH:(t + 1) * BATCH].sum()),), generator=g)
+        for t, (_, rows, _, _) in enumerate(TABLES)
+    ])  # fmt: skip
+    keys = [f"f{t}" for t in range(len(TABLES))]
+    features = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+    return Batch(
+        dense_features=torch.randn(BATCH, DENSE_IN, generator=g), sparse_features=features,
+        labels=torch.randint(0, 2, (BATCH,), generator=g).float(),
+    )  # fmt: skip
+
+
+def make_trainee(backend: str, sharding_type: str, world_size: int):
+    """A DMP of ``Model`` with the test tables' fixed weights, and its dense SGD."""
+    import copy
+
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from tbe_plugin.torchrec import get_sharders
+    from tests.torchrec.workers import make_ebc
+
+    plan = copy.deepcopy(make_plan(sharding_type, world_size))
+    for parameter_sharding in plan.values():
+        parameter_sharding.compute_kernel = {"triton": "fused_triton", "fbgemm": "fused"}[backend]
+    dmp = DistributedModelParallel(
+        Model(), env=ShardingEnv.from_process_group(dist.group.WORLD), plan=ShardingPlan({"ebc": plan}),
+        device=torch.device("cpu"), sharders=get_sharders(backend),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    reference = make_ebc("cpu")
+    set_from_full(dmp.module.ebc, {n: reference.embedding_bags[n].weight.detach() for n, *_ in TABLES})
+    dense = [p for name, p in dmp.named_parameters() if "embedding_bags" not in name]
+    return dmp, torch.optim.SGD(dense, lr=0.05)
+
+
+def snapshot(dmp) -> Dict[str, torch.Tensor]:
+    """Local table shards and dense parameters, flattened."""
+    out = {}
+    for key, value in dmp.state_dict().items():
+        if hasattr(value, "local_shards"):
+            shards = [s.tensor.detach().flatten() for s in value.local_shards()]
+            out[key] = torch.cat(shards) if shards else torch.zeros(0)
+        else:
+            out[key] = value.detach().clone()
+    return out
+
+
+def differ(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).abs().max().item() for k in a if a[k].numel()), default=0.0)
+
+
+def outputs_differ(a: List[torch.Tensor], b: List[torch.Tensor]) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max(((x - y).abs().max().item() for x, y in zip(a, b)), default=0.0)
+
+
+def run_pipeline(pipeline, iterator) -> List[torch.Tensor]:
+    outputs = []
+    while True:
+        try:
+            outputs.append(pipeline.progress(iterator))
+        except StopIteration:
+            return outputs
+
+
+def plain_loop(dmp, optimizer, batches) -> List[torch.Tensor]:
+    outputs = []
+    for batch in batches:
+        optimizer.zero_grad()
+        loss, output = dmp(batch)
+        loss.backward()
+        optimizer.step()
+        outputs.append(output)
+    return outputs
+
+
+def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: str) -> Dict[str, Any]:
+    """Pipeline vs plain loop (k = 0) and vs the reference (k = 1, 2), 6 batches; and the
+    iterator cases: short iterators, exhaustion then a new iterator, a raising loader."""
+    from pipelines import StalenessTrainPipeline
+    from pipelines.reference import reference_train
+
+    cpu = torch.device("cpu")
+    batches = [make_batch(rank, s) for s in range(6)]
+    results: Dict[str, Any] = {}
+    runs = {}
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    runs["plain"] = (plain_loop(dmp, opt, batches), snapshot(dmp))
+    for k in (0, 1, 2):
+        dmp, opt = make_trainee(backend, sharding_type, world_size)
+        runs[f"pipe{k}"] = (run_pipeline(StalenessTrainPipeline(dmp, opt, cpu, staleness=k), iter(batches)), snapshot(dmp))
+        dmp, opt = make_trainee(backend, sharding_type, world_size)
+        runs[f"ref{k}"] = (reference_train(dmp, opt, batches, k), snapshot(dmp))
+    for a, b in [("plain", "pipe0"), ("ref0", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"), ("pipe0", "pipe1")]:
+        results[f"{a}~{b}"] = (outputs_differ(runs[a][0], runs[b][0]), differ(runs[a][1], runs[b][1]))
+
+    # Short iterators: fewer batches than the pipeline holds.
+    for n in (0, 1, 2):
+        dmp, opt = make_trainee(backend, sharding_type, world_size)
+        out = run_pipeline(StalenessTrainPipeline(dmp, opt, cpu, staleness=2), iter(batches[:n]))
+        dmp, opt = make_trainee(backend, sharding_type, world_size)
+        ref = reference_train(dmp, opt, batches[:n], 2)
+        results[f"short{n}"] = (len(out), outputs_differ(out, ref))
+
+    # Exhaustion: StopIteration again on the spent iterator; a new one starts a new epoch.
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1)
+    first = iter(batches[:3])
+    epoch1 = run_pipeline(pipeline, first)
+    again = run_pipeline(pipeline, first)
+    epoch2 = run_pipeline(pipeline, iter(batches[3:]))
+    state = snapshot(dmp)
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    ref = reference_train(dmp, opt, batches[:3], 1) + reference_train(dmp, opt, batches[3:], 1)
+    results["epochs"] = (len(epoch1), len(again), len(epoch2), outputs_differ(epoch1 + epoch2, ref), differ(state, snapshot(dmp)))
+
+    # A loader that raises after 3 batches: the error propagates, drain() trains what was
+    # drawn, and the model equals the reference on those batches.
+    def failing():
+        yield from batches[:3]
+        raise RuntimeError("loader failed")
+
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=2)
+    iterator, trained, error = failing(), [], None
+    try:
+        while True:
+            trained.append(pipeline.progress(iterator))
+    except RuntimeError as e:
+        error = str(e)
+    trained += pipeline.drain()
+    state = snapshot(dmp)
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    ref = reference_train(dmp, opt, batches[:3], 2)
+    results["raising"] = (error, len(trained), outputs_differ(trained, ref), differ(state, snapshot(dmp)))
+    return results

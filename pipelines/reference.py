@@ -7,11 +7,19 @@ import torch
 
 
 def reference_train(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any], staleness: int
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[Any],
+    staleness: int,
+    dense_grad_lag: bool = False,
 ) -> List[Any]:
     """Trains ``model`` (a DMP whose forward returns ``(loss, output)``) on ``batches``:
     before training batch i, the sharded embedding modules look up batches i .. i+k that
-    have not been looked up yet; batch i's forward then uses its stored lookup."""
+    have not been looked up yet; batch i's forward then uses its stored lookup. With
+    ``dense_grad_lag`` the dense optimizer applies batch i-1's gradients after batch i's
+    backward, and the last batch's at the end."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    stash = None
     sharded = _sharded_modules(model)
     lookups: Dict[int, Dict[str, Any]] = {}
     outputs = []
@@ -30,8 +38,19 @@ def reference_train(
                 module.forward = originals[name]
         del lookups[i]
         loss.backward()
-        optimizer.step()
+        if dense_grad_lag:
+            previous, stash = stash, [p.grad for p in params]
+            if previous is not None:
+                for p, grad in zip(params, previous):
+                    p.grad = grad
+                optimizer.step()
+        else:
+            optimizer.step()
         outputs.append(output)
+    if stash is not None:
+        for p, grad in zip(params, stash):
+            p.grad = grad
+        optimizer.step()
     return outputs
 
 

@@ -19,9 +19,12 @@ before a checkpoint or an evaluation); the end of the data drains them too, then
 dataloader that raises leaves nothing half done: the next batch is drawn before anything
 is issued for it.
 
+``dense_grad_lag=True`` steps the dense optimizer one batch behind (TorchRec's
+``stash_gradients``), applying the last gradients when the pipeline empties.
+
 This version runs every step on the current stream: the staleness semantics are complete,
-the side-stream overlap of lookups with dense compute (and ``tbe_max_sms``) are not yet;
-``dense_grad_lag`` is not implemented either. Both raise when asked. See DESIGN.md.
+the side-stream overlap of lookups with dense compute (and ``tbe_max_sms``, which raises
+when asked) are not yet. See DESIGN.md.
 """
 
 from collections import deque
@@ -65,14 +68,14 @@ class StalenessTrainPipeline(TrainPipeline):
     ) -> None:
         if not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"staleness must be an int >= 0, got {staleness!r}")
-        if dense_grad_lag:
-            raise NotImplementedError("dense_grad_lag=True is not implemented yet")
         if tbe_max_sms is not None:
             raise NotImplementedError("tbe_max_sms is not implemented yet (lookups run on the current stream)")
         self._model = model
         self._optimizer = optimizer
         self._device = torch.device(device)
         self._staleness = staleness
+        self._dense_grad_lag = bool(dense_grad_lag)
+        self._stash: Optional[List[Optional[torch.Tensor]]] = None
         self._in_flight: Deque[Tuple[Any, Any]] = deque()
         self._modules: Optional[List[torch.nn.Module]] = None
         self._iterator: Optional[Iterator[Any]] = None
@@ -96,6 +99,7 @@ class StalenessTrainPipeline(TrainPipeline):
                 break
             self._issue(batch)
         if not self._in_flight:
+            self._apply_stash()
             raise StopIteration
         return self._train_oldest()
 
@@ -105,6 +109,7 @@ class StalenessTrainPipeline(TrainPipeline):
         outputs = []
         while self._in_flight:
             outputs.append(self._train_oldest())
+        self._apply_stash()
         return outputs
 
     def _issue(self, batch: Any) -> None:
@@ -137,14 +142,40 @@ class StalenessTrainPipeline(TrainPipeline):
         self._optimizer.zero_grad()
         loss, output = self._model(batch)
         loss.backward()
-        self._optimizer.step()
+        if self._dense_grad_lag:
+            self._step_one_behind()
+        else:
+            self._optimizer.step()
         return output
+
+    def _dense_parameters(self) -> List[torch.nn.Parameter]:
+        return [p for group in self._optimizer.param_groups for p in group["params"]]
+
+    def _step_one_behind(self) -> None:
+        """The dense optimizer steps with the previous batch's gradients and keeps this
+        batch's for the next step (TorchRec's ``stash_gradients``)."""
+        parameters = self._dense_parameters()
+        previous, self._stash = self._stash, [p.grad for p in parameters]
+        if previous is None:
+            return
+        for p, grad in zip(parameters, previous):
+            p.grad = grad
+        self._optimizer.step()
+
+    def _apply_stash(self) -> None:
+        """The last stashed gradients, applied when the pipeline empties, so that none is
+        lost (TorchRec's SemiSync drops them at the end of the data)."""
+        if self._stash is None:
+            return
+        for p, grad in zip(self._dense_parameters(), self._stash):
+            p.grad = grad
+        self._stash = None
+        self._optimizer.step()
 
     def _rewrite(self, batch: Any, context: Any) -> List[torch.nn.Module]:
         """Swaps the sharded modules' forwards for ones that read the pipeline's results
         (TorchRec's rewrite), after checking that every table may run ahead."""
-        if self._staleness > 0:
-            self._check_kernels()
+        self._check_kernels()
         modules, _, _, _, not_pipelined = _rewrite_model(
             model=self._model, context=context, dist_stream=None, batch=batch, pipelined_forward=_InFlightForward
         )
@@ -156,6 +187,9 @@ class StalenessTrainPipeline(TrainPipeline):
         return modules
 
     def _check_kernels(self) -> None:
+        """With k >= 1, every table must use a kernel whose lookups may run ahead."""
+        if self._staleness == 0:
+            return
         plan = getattr(self._model, "plan", None)
         if plan is None:
             raise ValueError("the staleness pipeline needs a DistributedModelParallel model")

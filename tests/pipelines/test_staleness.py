@@ -29,6 +29,14 @@ def test_staleness_matches_the_reference_loop(results):
         assert r["ref2~pipe2"] == (0.0, 0.0), r
 
 
+def test_dense_gradient_lag_matches_the_reference(results):
+    """TorchRec's stash_gradients semantics: the dense step applies the previous batch's
+    gradients (and the last ones when the data ends)."""
+    for r in results:
+        assert r["ref1lag~pipe1lag"] == (0.0, 0.0), r
+    assert max(r["pipe1~pipe1lag"][1] for r in results) > 1e-4, results
+
+
 def test_staleness_changes_results(results):
     """Not vacuous: lookups one update old train differently."""
     assert max(r["pipe0~pipe1"][1] for r in results) > 1e-4, results
@@ -60,7 +68,20 @@ def test_bad_settings_are_named():
 
     with pytest.raises(ValueError, match="staleness must be an int >= 0"):
         StalenessTrainPipeline(None, None, "cpu", staleness=-1)
-    with pytest.raises(NotImplementedError, match="dense_grad_lag"):
-        StalenessTrainPipeline(None, None, "cpu", dense_grad_lag=True)
     with pytest.raises(NotImplementedError, match="tbe_max_sms"):
         StalenessTrainPipeline(None, None, "cpu", tbe_max_sms=32)
+
+
+def test_tables_that_cannot_run_ahead_are_named():
+    import types
+
+    from torchrec.distributed.types import ParameterSharding, ShardingPlan
+
+    from pipelines import StalenessTrainPipeline
+
+    plan = {"t0": ParameterSharding(sharding_type="table_wise", compute_kernel="fused", ranks=[0]),
+            "t1": ParameterSharding(sharding_type="data_parallel", compute_kernel="dense", ranks=[0])}  # fmt: skip
+    model = types.SimpleNamespace(plan=ShardingPlan({"ebc": plan}))
+    StalenessTrainPipeline(model, None, "cpu", staleness=0)._check_kernels()  # k = 0: anything goes
+    with pytest.raises(ValueError, match="table 't1' .* kernel 'dense'"):
+        StalenessTrainPipeline(model, None, "cpu", staleness=1)._check_kernels()

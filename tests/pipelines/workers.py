@@ -142,10 +142,18 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
     runs["plain"] = (plain_loop(dmp, opt, batches), snapshot(dmp))
     for k in (0, 1, 2):
         dmp, opt = make_trainee(backend, sharding_type, world_size)
-        runs[f"pipe{k}"] = (run_pipeline(StalenessTrainPipeline(dmp, opt, cpu, staleness=k), iter(batches)), snapshot(dmp))
+        pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=k)
+        runs[f"pipe{k}"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
         dmp, opt = make_trainee(backend, sharding_type, world_size)
         runs[f"ref{k}"] = (reference_train(dmp, opt, batches, k), snapshot(dmp))
-    for a, b in [("plain", "pipe0"), ("ref0", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"), ("pipe0", "pipe1")]:
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1, dense_grad_lag=True)
+    runs["pipe1lag"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    runs["ref1lag"] = (reference_train(dmp, opt, batches, 1, dense_grad_lag=True), snapshot(dmp))
+    pairs = [("plain", "pipe0"), ("ref0", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"), ("pipe0", "pipe1"),
+             ("ref1lag", "pipe1lag"), ("pipe1", "pipe1lag")]  # fmt: skip
+    for a, b in pairs:
         results[f"{a}~{b}"] = (outputs_differ(runs[a][0], runs[b][0]), differ(runs[a][1], runs[b][1]))
 
     # Short iterators: fewer batches than the pipeline holds.
@@ -166,7 +174,9 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
     state = snapshot(dmp)
     dmp, opt = make_trainee(backend, sharding_type, world_size)
     ref = reference_train(dmp, opt, batches[:3], 1) + reference_train(dmp, opt, batches[3:], 1)
-    results["epochs"] = (len(epoch1), len(again), len(epoch2), outputs_differ(epoch1 + epoch2, ref), differ(state, snapshot(dmp)))
+    results["epochs"] = (
+        len(epoch1), len(again), len(epoch2), outputs_differ(epoch1 + epoch2, ref), differ(state, snapshot(dmp))
+    )  # fmt: skip
 
     # A loader that raises after 3 batches: the error propagates, drain() trains what was
     # drawn, and the model equals the reference on those batches.

@@ -85,3 +85,13 @@ def test_tables_that_cannot_run_ahead_are_named():
     StalenessTrainPipeline(model, None, "cpu", staleness=0)._check_kernels()  # k = 0: anything goes
     with pytest.raises(ValueError, match="table 't1' .* kernel 'dense'"):
         StalenessTrainPipeline(model, None, "cpu", staleness=1)._check_kernels()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_drain_then_checkpoint_resumes_identically(tmp_path, backend):
+    """A checkpoint boundary: drain() trains the batch in flight, the saved model and fused
+    optimizer restore into a fresh model, and both continue identically."""
+    for r in run_distributed(workers.checkpoint_worker, 2, backend, "row_wise", str(tmp_path)):
+        assert r["counts"] == (2, 1, 3, 3), r
+        assert r["outputs"] == 0.0 and r["state"] == 0.0, r
+        assert r["moved"] > 1e-4, r

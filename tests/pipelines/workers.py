@@ -198,3 +198,40 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
     ref = reference_train(dmp, opt, batches[:3], 2)
     results["raising"] = (error, len(trained), outputs_differ(trained, ref), differ(state, snapshot(dmp)))
     return results
+
+
+def checkpoint_worker(rank: int, world_size: int, backend: str, sharding_type: str, directory: str) -> Dict[str, Any]:
+    """3 batches at staleness 1, ``drain()``, a ``torch.distributed.checkpoint`` save, 3
+    more batches; against a fresh model that loads the checkpoint and trains the same 3
+    batches in a new pipeline."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    from pipelines import StalenessTrainPipeline
+
+    cpu = torch.device("cpu")
+    batches = [make_batch(rank, s) for s in range(6)]
+    path = os.path.join(directory, f"{backend}-{sharding_type}")
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1)
+    iterator = iter(batches[:3])
+    before = [pipeline.progress(iterator), pipeline.progress(iterator)]
+    in_flight = len(pipeline.drain())  # the third batch, drawn by the second progress()
+    dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}, checkpoint_id=path)
+    continued = run_pipeline(pipeline, iter(batches[3:]))
+    expected = snapshot(dmp)
+
+    restored, restored_opt = make_trainee(backend, sharding_type, world_size)
+    initial = snapshot(restored)
+    state = {"model": restored.state_dict(), "optim": restored.fused_optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    restored.load_state_dict(state["model"])
+    restored.fused_optimizer.load_state_dict(state["optim"])
+    resumed = run_pipeline(StalenessTrainPipeline(restored, restored_opt, cpu, staleness=1), iter(batches[3:]))
+    return {
+        "counts": (len(before), in_flight, len(continued), len(resumed)),
+        "outputs": outputs_differ(continued, resumed),
+        "state": differ(expected, snapshot(restored)),
+        "moved": differ(initial, expected),
+    }

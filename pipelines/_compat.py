@@ -10,6 +10,7 @@ from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipeli
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 from torchrec.distributed.train_pipeline.utils import (
     _override_input_dist_forwards,
+    _pipeline_detach_model,
     _rewrite_model,
     _start_data_dist,
 )
@@ -17,6 +18,9 @@ from torchrec.distributed.train_pipeline.utils import (
 _EXPECTED = {
     _rewrite_model: ["model", "context", "dist_stream", "batch"],
     _start_data_dist: ["pipelined_modules", "batch", "context"],
+    _pipeline_detach_model: [
+        "model", "pipelined_modules", "original_forwards", "original_kjt_dist_forwards", "pipelined_postprocs"
+    ],
 }
 for _function, _parameters in _EXPECTED.items():
     _actual = list(inspect.signature(_function).parameters)[: len(_parameters)]
@@ -31,6 +35,7 @@ __all__ = [
     "EmbeddingTrainPipelineContext",
     "TrainPipeline",
     "_override_input_dist_forwards",
+    "_pipeline_detach_model",
     "_rewrite_model",
     "_start_data_dist",
 ]

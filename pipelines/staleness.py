@@ -37,6 +37,7 @@ from pipelines._compat import (
     EmbeddingTrainPipelineContext,
     TrainPipeline,
     _override_input_dist_forwards,
+    _pipeline_detach_model,
     _rewrite_model,
     _start_data_dist,
 )
@@ -78,6 +79,8 @@ class StalenessTrainPipeline(TrainPipeline):
         self._stash: Optional[List[Optional[torch.Tensor]]] = None
         self._in_flight: Deque[Tuple[Any, Any]] = deque()
         self._modules: Optional[List[torch.nn.Module]] = None
+        self._original_forwards: List[Any] = []
+        self._original_dist_forwards: List[Any] = []
         self._iterator: Optional[Iterator[Any]] = None
         self._exhausted = False
         self._drawn = 0
@@ -89,6 +92,7 @@ class StalenessTrainPipeline(TrainPipeline):
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """Trains the oldest batch in flight, after drawing batches (and issuing their
         lookups) until ``staleness + 1`` are in flight; returns its output."""
+        self._check_training()
         if dataloader_iter is not self._iterator:
             self._iterator, self._exhausted = dataloader_iter, False
         while len(self._in_flight) <= self._staleness and not self._exhausted:
@@ -112,6 +116,18 @@ class StalenessTrainPipeline(TrainPipeline):
         self._apply_stash()
         return outputs
 
+    def detach(self) -> torch.nn.Module:
+        """Drains, then gives the model its own forwards back (for evaluation or another
+        pipeline); the next ``progress`` rewrites it again."""
+        self.drain()
+        if self._modules is not None:
+            _pipeline_detach_model(
+                model=self._model, pipelined_modules=self._modules, original_forwards=self._original_forwards,
+                original_kjt_dist_forwards=self._original_dist_forwards, pipelined_postprocs=[],
+            )  # fmt: skip
+            self._modules = None
+        return self._model
+
     def _issue(self, batch: Any) -> None:
         """Moves ``batch`` to the device, starts its input all-to-all, looks it up and
         starts its output all-to-all, keeping the result in the batch's context."""
@@ -124,7 +140,7 @@ class StalenessTrainPipeline(TrainPipeline):
             self._modules = self._rewrite(batch, context)
         _start_data_dist(self._modules, batch, context)
         if first:  # the modules' input dists exist now: fuse their splits all-to-alls
-            _override_input_dist_forwards(self._modules)
+            self._original_dist_forwards = _override_input_dist_forwards(self._modules)
         for names, awaitable in context.fused_splits_awaitables:
             for name, request in zip(names, awaitable.wait()):
                 context.input_dist_tensors_requests[name] = request
@@ -135,7 +151,15 @@ class StalenessTrainPipeline(TrainPipeline):
             context.embedding_a2a_requests[name] = module.compute_and_output_dist(module_context, features)
         self._in_flight.append((batch, context))
 
+    def _check_training(self) -> None:
+        if not self._model.training:
+            raise RuntimeError(
+                "the model is in eval mode: call drain() or detach() before evaluating (batches in "
+                "flight were looked up for training), then model.train() to go on training"
+            )
+
     def _train_oldest(self) -> Any:
+        self._check_training()
         batch, context = self._in_flight.popleft()
         for module in self._modules:
             module.forward.set_context(context)
@@ -176,7 +200,7 @@ class StalenessTrainPipeline(TrainPipeline):
         """Swaps the sharded modules' forwards for ones that read the pipeline's results
         (TorchRec's rewrite), after checking that every table may run ahead."""
         self._check_kernels()
-        modules, _, _, _, not_pipelined = _rewrite_model(
+        modules, _, self._original_forwards, _, not_pipelined = _rewrite_model(
             model=self._model, context=context, dist_stream=None, batch=batch, pipelined_forward=_InFlightForward
         )
         if not_pipelined and self._staleness > 0:

@@ -95,3 +95,10 @@ def test_drain_then_checkpoint_resumes_identically(tmp_path, backend):
         assert r["counts"] == (2, 1, 3, 3), r
         assert r["outputs"] == 0.0 and r["state"] == 0.0, r
         assert r["moved"] > 1e-4, r
+
+
+def test_eval_needs_a_drain_and_detach_restores_the_model():
+    for r in run_distributed(workers.detach_worker, 2, "triton"):
+        assert r["eval_error"] and "drain() or detach()" in r["eval_error"], r
+        assert r["detached"] == 0.0, r
+        assert r["after"] == 2 and r["state"] == 0.0, r

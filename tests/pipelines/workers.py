@@ -235,3 +235,41 @@ def checkpoint_worker(rank: int, world_size: int, backend: str, sharding_type: s
         "state": differ(expected, snapshot(restored)),
         "moved": differ(initial, expected),
     }
+
+
+def detach_worker(rank: int, world_size: int, backend: str) -> Dict[str, Any]:
+    """Eval with batches in flight raises; after detach() the model's own forward equals the
+    reference's model on the same batches, and a new progress() re-attaches it."""
+    from pipelines import StalenessTrainPipeline
+
+    cpu = torch.device("cpu")
+    batches = [make_batch(rank, s) for s in range(5)]
+    dmp, opt = make_trainee(backend, "row_wise", world_size)
+    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1)
+    iterator = iter(batches[:3])
+    pipeline.progress(iterator)  # trains batch 0, batch 1 in flight
+    dmp.eval()
+    try:
+        pipeline.progress(iterator)
+        eval_error = None
+    except RuntimeError as error:
+        eval_error = str(error)
+    dmp.train()
+    model = pipeline.detach()  # trains batch 1
+    with torch.no_grad():
+        _, detached_out = model(batches[4])
+    trained_after = run_pipeline(pipeline, iter(batches[2:4]))
+
+    from pipelines.reference import reference_train
+
+    plain, plain_opt = make_trainee(backend, "row_wise", world_size)
+    reference_train(plain, plain_opt, batches[:2], 1)  # batch 1 was looked up before update 0
+    with torch.no_grad():
+        _, plain_out = plain(batches[4])
+    reference_train(plain, plain_opt, batches[2:4], 1)
+    return {
+        "eval_error": eval_error,
+        "detached": (detached_out - plain_out).abs().max().item(),
+        "after": len(trained_after),
+        "state": differ(snapshot(dmp), snapshot(plain)),
+    }

@@ -18,9 +18,11 @@ def results(request):
 
 
 def test_staleness_zero_is_the_plain_loop(results):
+    """... and TorchRec's TrainPipelineSparseDist, bit for bit."""
     for r in results:
         assert r["plain~pipe0"] == (0.0, 0.0), r
         assert r["ref0~pipe0"] == (0.0, 0.0), r
+        assert r["sparsedist~pipe0"] == (0.0, 0.0), r
 
 
 def test_staleness_matches_the_reference_loop(results):

@@ -146,12 +146,16 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
         runs[f"pipe{k}"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
         dmp, opt = make_trainee(backend, sharding_type, world_size)
         runs[f"ref{k}"] = (reference_train(dmp, opt, batches, k), snapshot(dmp))
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    runs["sparsedist"] = (run_pipeline(TrainPipelineSparseDist(dmp, opt, cpu), iter(batches)), snapshot(dmp))
     dmp, opt = make_trainee(backend, sharding_type, world_size)
     pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1, dense_grad_lag=True)
     runs["pipe1lag"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
     dmp, opt = make_trainee(backend, sharding_type, world_size)
     runs["ref1lag"] = (reference_train(dmp, opt, batches, 1, dense_grad_lag=True), snapshot(dmp))
-    pairs = [("plain", "pipe0"), ("ref0", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"), ("pipe0", "pipe1"),
+    pairs = [("plain", "pipe0"), ("ref0", "pipe0"), ("sparsedist", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"), ("pipe0", "pipe1"),
              ("ref1lag", "pipe1lag"), ("pipe1", "pipe1lag")]  # fmt: skip
     for a, b in pairs:
         results[f"{a}~{b}"] = (outputs_differ(runs[a][0], runs[b][0]), differ(runs[a][1], runs[b][1]))

@@ -346,6 +346,8 @@ def _psw_grad_kernel(
 CHUNK_ELEMENTS = 1024
 CHUNK_WARPS = 4
 MIN_CHUNK = 2
+MAX_CHUNK_ELEMENTS = 4096
+PIECES_BUDGET_BYTES = 2 << 30  # the crossing pieces' buffer, before chunks grow
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
@@ -357,14 +359,28 @@ PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
-def chunk_launch_config(block_d: int) -> tuple:
+def chunk_launch_config(block_d: int, num_indices: int = 0) -> tuple:
     """(ids per chunk, warps) of the update kernel: CHUNK_ELEMENTS per chunk over
     CHUNK_WARPS, but at least MIN_CHUNK ids; a larger tile (rows wider than
-    CHUNK_ELEMENTS / MIN_CHUNK) gets a warp per 512 elements, up to 16."""
+    CHUNK_ELEMENTS / MIN_CHUNK) gets a warp per 512 elements, up to 16.
+
+    The crossing pieces take 2 fp32 rows per chunk: when ``num_indices`` ids would need
+    more than PIECES_BUDGET_BYTES, chunks double (up to MAX_CHUNK_ELEMENTS a tile), trading
+    a little speed for memory (B=65536, L=20, 32 tables of D=128: 5.4 GB at 8 ids a chunk,
+    1.3 GB at 32)."""
     chunk = max(MIN_CHUNK, CHUNK_ELEMENTS // block_d)
+    while (
+        2 * chunk * block_d <= MAX_CHUNK_ELEMENTS
+        and _pieces_bytes(num_indices, chunk, block_d) > PIECES_BUDGET_BYTES
+    ):
+        chunk *= 2
     if chunk * block_d <= CHUNK_ELEMENTS:
         return chunk, CHUNK_WARPS
     return chunk, min(16, chunk * block_d // 512)
+
+
+def _pieces_bytes(num_indices: int, chunk: int, block_d: int) -> int:
+    return triton.cdiv(num_indices, chunk) * 2 * block_d * 4
 
 
 def backward_update(
@@ -441,7 +457,7 @@ def backward_update(
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    chunk, chunk_warps = chunk_launch_config(block_d)
+    chunk, chunk_warps = chunk_launch_config(block_d, N)
     num_chunks = triton.cdiv(N, chunk)
     pieces = torch.empty(num_chunks * 2 * block_d, dtype=torch.float32, device=device)
     if step is None:

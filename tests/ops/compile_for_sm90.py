@@ -87,8 +87,8 @@ def variants():
             WEIGHTED=False, CHECK=True, ALIGN=4, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
         ), warps, weights, "*i32"
         rounding = weights != "*fp32"
-        for block_d in (128, 512):
-            chunk, chunk_warps = backward.chunk_launch_config(block_d)
+        for block_d, num_indices in ((128, 0), (512, 0), (128, 1 << 40), (512, 1 << 40)):
+            chunk, chunk_warps = backward.chunk_launch_config(block_d, num_indices)  # 1 << 40: grown
             for optimizer in range(6):
                 yield backward._chunk_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,

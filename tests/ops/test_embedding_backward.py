@@ -144,6 +144,20 @@ def test_runs_across_chunk_edges(monkeypatch, chunk_ids):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, weighted=True, lr=0.05)
 
 
+def test_pieces_budget_grows_chunks(monkeypatch):
+    """With no memory for crossing pieces, chunks grow to the largest tile (and runs across
+    their edges still sum exactly)."""
+    from tbe_plugin.ops import embedding_backward
+
+    monkeypatch.setattr(embedding_backward, "PIECES_BUDGET_BYTES", 0)
+    assert embedding_backward.chunk_launch_config(32, 100)[0] * 32 == embedding_backward.MAX_CHUNK_ELEMENTS
+    monkeypatch.setattr(embedding_backward, "MAX_CHUNK_ELEMENTS", 8 * 32)  # 8-id chunks at BLOCK_D 32
+    monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", 2 * 32)  # starting from 2
+    assert embedding_backward.chunk_launch_config(32, 100)[0] == 8
+    emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, lr=0.05)
+
+
 def test_per_sample_weight_gradient():
     for pooling in ("SUM", "MEAN"):
         emb = build("EXACT_SGD", pooling, learning_rate=0.0)

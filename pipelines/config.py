@@ -1,0 +1,257 @@
+"""The training app's configuration: Hydra structured configs, one dataclass per group.
+
+Every field has a docstring; ``__post_init__`` checks values and raises naming the key
+(``validate`` runs them all on a composed config, before any process group starts).
+OmegaConf itself rejects unknown keys and values of the wrong type, naming them. The YAML
+groups in ``conf/`` select these schemas; ``register()`` puts them in Hydra's ConfigStore.
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+BACKENDS = ("triton", "fbgemm")
+MODELS = ("dlrm", "dcn")
+SPARSE_OPTIMIZERS = ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+LR_SCHEDULES = ("constant", "linear_warmup")
+SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard")
+DATA_SOURCES = ("synthetic", "criteo")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names its key."""
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _require_choice(value: str, choices: tuple, key: str) -> None:
+    _require(value in choices, key, f"{value!r} is not one of {', '.join(choices)}")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    name: str = "dlrm"
+    """``dlrm`` (TorchRec's DLRM) or ``dcn`` (DLRM with a DCN-v2 interaction)."""
+    dense_in_features: int = 13
+    """Dense (continuous) features per example: 13 in the Criteo format."""
+    dense_arch_layer_sizes: List[int] = dataclasses.field(default_factory=lambda: [64, 16])
+    """The bottom MLP; its last size must equal the embedding dimension."""
+    over_arch_layer_sizes: List[int] = dataclasses.field(default_factory=lambda: [64, 1])
+    """The top MLP; it ends in one logit."""
+    dcn_num_layers: int = 2
+    """DCN-v2 cross layers (``dcn`` only)."""
+    dcn_low_rank_dim: int = 8
+    """DCN-v2 low-rank dimension (``dcn`` only)."""
+
+    def __post_init__(self) -> None:
+        _require_choice(self.name, MODELS, "model.name")
+        _require(self.dense_in_features >= 1, "model.dense_in_features", "must be >= 1")
+        _require(all(s >= 1 for s in self.dense_arch_layer_sizes) and len(self.dense_arch_layer_sizes) >= 1,
+                 "model.dense_arch_layer_sizes", "needs one or more sizes >= 1")  # fmt: skip
+        _require(len(self.over_arch_layer_sizes) >= 1 and self.over_arch_layer_sizes[-1] == 1,
+                 "model.over_arch_layer_sizes", "must end in 1 (one logit)")  # fmt: skip
+        _require(self.dcn_num_layers >= 1 and self.dcn_low_rank_dim >= 1, "model.dcn_num_layers",
+                 "dcn_num_layers and dcn_low_rank_dim must be >= 1")  # fmt: skip
+
+
+@dataclasses.dataclass
+class TablesConfig:
+    num_tables: int = 8
+    """Sparse features, one table each (``t0`` .. ``t{n-1}``, features ``f0`` ..)."""
+    rows: int = 10_000
+    """Rows of every table."""
+    dim: int = 16
+    """Embedding dimension of every table (DLRM's interaction needs one)."""
+    pooling_factor: int = 8
+    """Mean ids per bag; lengths are drawn from 1 to twice this."""
+    zipf_alpha: float = 1.15
+    """Exponent of the Zipf distribution of ids (0: uniform)."""
+    overrides: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Per-table fused-optimizer overrides, FBGEMM's names: ``{t0: {learning_rate: 0.1}}``."""
+
+    def __post_init__(self) -> None:
+        _require(self.num_tables >= 1, "tables.num_tables", "must be >= 1")
+        _require(self.rows >= 1, "tables.rows", "must be >= 1")
+        _require(self.dim >= 1, "tables.dim", "must be >= 1")
+        _require(self.pooling_factor >= 1, "tables.pooling_factor", "must be >= 1")
+        _require(self.zipf_alpha == 0 or self.zipf_alpha > 1, "tables.zipf_alpha", "must be 0 (uniform) or > 1")
+        names = {f"t{i}" for i in range(self.num_tables)}
+        for table, values in self.overrides.items():
+            _require(table in names, f"tables.overrides.{table}", f"no such table (t0..t{self.num_tables - 1})")
+            for key in values:
+                _require(key in ("learning_rate", "eps", "weight_decay", "beta1", "beta2"),
+                         f"tables.overrides.{table}.{key}", "not a per-table optimizer setting")  # fmt: skip
+
+
+@dataclasses.dataclass
+class DataConfig:
+    source: str = "synthetic"
+    """``synthetic`` (generated per seed and rank) or ``criteo`` (TSV files, Criteo's format)."""
+    batch_size: int = 256
+    """Examples per batch on each rank."""
+    seed: int = 0
+    """Seed of the synthetic generator (each rank adds its rank)."""
+    criteo_paths: List[str] = dataclasses.field(default_factory=list)
+    """TSV files for ``criteo``: label, 13 integer and 26 hexadecimal categorical columns."""
+
+    def __post_init__(self) -> None:
+        _require_choice(self.source, DATA_SOURCES, "data.source")
+        _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        _require(self.source != "criteo" or bool(self.criteo_paths), "data.criteo_paths", "needed with source=criteo")
+
+
+@dataclasses.dataclass
+class BackendConfig:
+    name: str = "triton"
+    """Embedding kernels: ``triton`` (ours) or ``fbgemm`` (FBGEMM's FUSED)."""
+
+    def __post_init__(self) -> None:
+        _require_choice(self.name, BACKENDS, "backend.name")
+
+
+@dataclasses.dataclass
+class ShardingConfig:
+    sharding_types: List[str] = dataclasses.field(default_factory=list)
+    """Sharding types the planner may use for every table (empty: any)."""
+    per_table: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    """Sharding types allowed per table, overriding ``sharding_types``."""
+
+    def __post_init__(self) -> None:
+        for key, types in [("sharding.sharding_types", self.sharding_types)] + [
+            (f"sharding.per_table.{t}", v) for t, v in self.per_table.items()
+        ]:
+            bad = [t for t in types if t not in SHARDING_TYPES]
+            _require(not bad, key, f"{bad} not among {', '.join(SHARDING_TYPES)}")
+
+
+@dataclasses.dataclass
+class PipelineSettings:
+    staleness: int = 0
+    """Batches whose embedding lookups run ahead of training (0: a synchronous loop)."""
+    dense_grad_lag: bool = False
+    """Step the dense optimizer one batch behind (TorchRec's ``stash_gradients``)."""
+    tbe_max_sms: Optional[int] = None
+    """Cap on the SMs the embedding kernels occupy (not implemented yet: must stay null)."""
+
+    def __post_init__(self) -> None:
+        _require(self.staleness >= 0, "pipeline.staleness", "must be >= 0")
+        _require(self.tbe_max_sms is None, "pipeline.tbe_max_sms", "not implemented yet; leave it null")
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    sparse: str = "EXACT_ROWWISE_ADAGRAD"
+    """The fused embedding optimizer (FBGEMM's ``EmbOptimType`` name)."""
+    sparse_lr: float = 0.01
+    """Its learning rate."""
+    sparse_eps: float = 1.0e-8
+    """Its epsilon."""
+    dense: str = "adagrad"
+    """The dense parameters' optimizer: sgd, adagrad or adam."""
+    dense_lr: float = 0.01
+    """Its learning rate."""
+    lr_schedule: str = "constant"
+    """``constant`` or ``linear_warmup`` (over ``warmup_steps``), for both optimizers."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up."""
+
+    def __post_init__(self) -> None:
+        _require_choice(self.sparse, SPARSE_OPTIMIZERS, "optimizer.sparse")
+        _require_choice(self.dense, DENSE_OPTIMIZERS, "optimizer.dense")
+        _require(self.sparse_lr > 0, "optimizer.sparse_lr", "must be > 0")
+        _require(self.dense_lr > 0, "optimizer.dense_lr", "must be > 0")
+        _require_choice(self.lr_schedule, LR_SCHEDULES, "optimizer.lr_schedule")
+        _require(self.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    dir: Optional[str] = None
+    """Where checkpoints go (null: none are written)."""
+    every_steps: int = 0
+    """Save every this many steps (0: only at the end and on a pre-emption signal)."""
+    resume: bool = True
+    """Resume from the latest checkpoint in ``dir`` when there is one."""
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+
+
+@dataclasses.dataclass
+class LoggingConfig:
+    every_steps: int = 10
+    """Log metrics every this many steps."""
+    tensorboard: bool = False
+    """Write TensorBoard events (rank 0)."""
+    progress_bar: bool = True
+    """Show a progress bar (rank 0)."""
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 1, "logging.every_steps", "must be >= 1")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The network."""
+    tables: TablesConfig = dataclasses.field(default_factory=TablesConfig)
+    """The embedding tables and their id distributions."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    """Where batches come from."""
+    backend: BackendConfig = dataclasses.field(default_factory=BackendConfig)
+    """The embedding kernels."""
+    sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
+    """Planner constraints."""
+    pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
+    """The training pipeline."""
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    """Sparse and dense optimizers."""
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Metrics and progress."""
+    steps: int = 200
+    """Training steps (batches per rank)."""
+    eval_batches: int = 8
+    """Batches per rank in the final evaluation (AUC, log loss)."""
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "steps", "must be >= 1")
+        _require(self.eval_batches >= 0, "eval_batches", "must be >= 0")
+        if isinstance(self.model, ModelConfig) and isinstance(self.tables, TablesConfig):
+            _require(self.model.dense_arch_layer_sizes[-1] == self.tables.dim, "model.dense_arch_layer_sizes",
+                     f"must end in tables.dim ({self.tables.dim}): DLRM's interaction joins them")  # fmt: skip
+
+
+GROUPS = {
+    "model": ModelConfig,
+    "tables": TablesConfig,
+    "data": DataConfig,
+    "backend": BackendConfig,
+    "sharding": ShardingConfig,
+    "pipeline": PipelineSettings,
+    "optimizer": OptimizerConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+}
+
+
+def register() -> None:
+    """The schemas in Hydra's ConfigStore: ``train_schema`` for the root, ``<group>/schema``."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConfig)
+    for group, schema in GROUPS.items():
+        store.store(group=group, name="schema", node=schema)
+
+
+def validate(cfg: Any) -> TrainConfig:
+    """The composed config as dataclasses, every ``__post_init__`` run: raises
+    ``ConfigError`` naming the first bad key."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(cfg)

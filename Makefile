@@ -1,5 +1,6 @@
 # One command per job on a fresh CPU machine:
 #   make test    create .venv, install the pinned CPU stack and the project, run the tests
+#   make train   the main job: DLRM on synthetic data, 2 processes, backend=triton (ARGS= overrides)
 #   make bench   the A/B forward benchmark in its tiny CPU smoke mode
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -7,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-cpu-stack
 
-.PHONY: install test test-fast bench clean
+.PHONY: install test test-fast bench train clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
+
+# The main job: DLRM on the embedded synthetic click log, 2 CPU processes (gloo), backend=triton
+# (Triton's interpreter on CPU), 200 steps, then AUC / log loss. Hydra overrides go in ARGS.
+train: $(STAMP)
+	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.train backend=triton $(ARGS)
 
 bench: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m tbe_plugin.benchmarks.forward --smoke --out bench-out

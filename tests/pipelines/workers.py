@@ -155,8 +155,8 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
     runs["pipe1lag"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
     dmp, opt = make_trainee(backend, sharding_type, world_size)
     runs["ref1lag"] = (reference_train(dmp, opt, batches, 1, dense_grad_lag=True), snapshot(dmp))
-    pairs = [("plain", "pipe0"), ("ref0", "pipe0"), ("sparsedist", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"), ("pipe0", "pipe1"),
-             ("ref1lag", "pipe1lag"), ("pipe1", "pipe1lag")]  # fmt: skip
+    pairs = [("plain", "pipe0"), ("ref0", "pipe0"), ("sparsedist", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"),
+             ("pipe0", "pipe1"), ("ref1lag", "pipe1lag"), ("pipe1", "pipe1lag")]  # fmt: skip
     for a, b in pairs:
         results[f"{a}~{b}"] = (outputs_differ(runs[a][0], runs[b][0]), differ(runs[a][1], runs[b][1]))
 
@@ -204,7 +204,9 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
     return results
 
 
-def checkpoint_worker(rank: int, world_size: int, backend: str, sharding_type: str, directory: str) -> Dict[str, Any]:
+def checkpoint_worker(
+    rank: int, world_size: int, backend: str, sharding_type: str, directory: str
+) -> Dict[str, Any]:
     """3 batches at staleness 1, ``drain()``, a ``torch.distributed.checkpoint`` save, 3
     more batches; against a fresh model that loads the checkpoint and trains the same 3
     batches in a new pipeline."""

@@ -1,0 +1,234 @@
+"""The training app: ``python -m pipelines.train [hydra overrides]``, or under torchrun.
+
+Builds TorchRec's DLRM (or DLRM-DCN) over an ``EmbeddingBagCollection``, shards it with the
+chosen backend's sharders and our planner, trains it with ``StalenessTrainPipeline`` on
+the configured data, evaluates AUC and log loss, and saves a checkpoint when asked. The
+config is validated before any process group starts (a bad override fails naming its
+key). Rank 0 shows progress and metrics.
+"""
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any, Dict, List, Tuple
+
+import hydra
+import torch
+
+from pipelines.config import TrainConfig, register, validate
+
+register()
+
+
+def _init_distributed() -> Tuple[int, int, torch.device]:
+    """Rank, world size and device, from torchrun's environment (or one local process)."""
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    return rank, world_size, device
+
+
+def build_model(cfg: TrainConfig, device: torch.device, world_size: int):
+    """DLRM over the configured tables, sharded for ``cfg.backend``; and the dense optimizer."""
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+
+    from tbe_plugin.torchrec import get_sharders, make_planner
+
+    if cfg.tables.overrides:
+        raise NotImplementedError("tables.overrides: per-table optimizer settings are not wired into the app yet")
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=cfg.tables.dim, num_embeddings=cfg.tables.rows,
+                           feature_names=[f"f{i}"])  # fmt: skip
+        for i in range(cfg.tables.num_tables)
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    arch = dict(
+        embedding_bag_collection=ebc, dense_in_features=cfg.model.dense_in_features,
+        dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
+        over_arch_layer_sizes=list(cfg.model.over_arch_layer_sizes), dense_device=device,
+    )  # fmt: skip
+    if cfg.model.name == "dcn":
+        dlrm = DLRM_DCN(**arch, dcn_num_layers=cfg.model.dcn_num_layers, dcn_low_rank_dim=cfg.model.dcn_low_rank_dim)
+    else:
+        dlrm = DLRM(**arch)
+    fused_params = {
+        "optimizer": EmbOptimType[cfg.optimizer.sparse],
+        "learning_rate": cfg.optimizer.sparse_lr,
+        "eps": cfg.optimizer.sparse_eps,
+    }
+    sharders = get_sharders(cfg.backend.name, fused_params=fused_params)
+    allowed = {f"t{i}": list(cfg.sharding.sharding_types) for i in range(cfg.tables.num_tables)}
+    allowed.update({t: list(v) for t, v in cfg.sharding.per_table.items()})
+    constraints = {t: ParameterConstraints(sharding_types=v) for t, v in allowed.items() if v}
+    topology = Topology(world_size=world_size, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+                        compute_device=device.type)  # fmt: skip
+    model = DLRMTrain(dlrm)
+    planner = make_planner(topology, batch_size=cfg.data.batch_size, constraints=constraints or None)
+    plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+    dmp = DistributedModelParallel(
+        model, env=ShardingEnv.from_process_group(dist.group.WORLD), plan=plan, device=device, sharders=sharders
+    )
+    init_tables(dmp, cfg.data.seed, bound=1.0 / cfg.tables.rows**0.5)
+    dense = [p for name, p in dmp.named_parameters() if "embedding_bags" not in name]
+    optimizer_class = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+    return dmp, optimizer_class[cfg.optimizer.dense](dense, lr=cfg.optimizer.dense_lr)
+
+
+def init_tables(dmp, seed: int, bound: float, block_rows: int = 4096) -> None:
+    """Every table U(-bound, bound) from generators seeded by (seed, table, row block): the
+    same values whatever the backend and the sharding, built one local shard at a time."""
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            if "embedding_bags" not in key or not hasattr(value, "local_shards"):
+                continue
+            table = int(key.split(".")[-2][1:])
+            width = value.size(1)
+            for shard in value.local_shards():
+                (r0, c0), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                for first in range(r0 // block_rows * block_rows, r0 + n, block_rows):
+                    g = torch.Generator().manual_seed(seed * 1_000_003 + table * 10_007 + first // block_rows)
+                    block = (torch.rand(block_rows, width, generator=g) * 2 - 1) * bound
+                    lo, hi = max(first, r0), min(first + block_rows, r0 + n)
+                    shard.tensor[lo - r0 : hi - r0].copy_(block[lo - first : hi - first, c0 : c0 + m])
+
+
+def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0):
+    from pipelines.data import SyntheticClickLog
+
+    if cfg.data.source != "synthetic":
+        raise NotImplementedError(f"data.source={cfg.data.source}: only synthetic data is wired into the app yet")
+    return iter(SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, num_batches, stream))
+
+
+def _set_learning_rates(cfg: TrainConfig, dmp, dense_optimizer, step: int) -> None:
+    """Linear warm-up over ``warmup_steps`` for both optimizers (``constant``: nothing)."""
+    if cfg.optimizer.lr_schedule != "linear_warmup" or cfg.optimizer.warmup_steps == 0:
+        return
+    scale = min(1.0, (step + 1) / cfg.optimizer.warmup_steps)
+    for group in dense_optimizer.param_groups:
+        group["lr"] = cfg.optimizer.dense_lr * scale
+    for group in dmp.fused_optimizer.param_groups:
+        group["lr"] = cfg.optimizer.sparse_lr * scale
+    dmp.fused_optimizer.step()  # applies the fused tables' new learning rate
+
+
+def evaluate(cfg: TrainConfig, dmp, rank: int, device: torch.device) -> Dict[str, float]:
+    """AUC and log loss of the drained model on held-out synthetic batches of every rank."""
+    import torch.distributed as dist
+    from torchmetrics.classification import BinaryAUROC
+
+    logits, labels = [], []
+    dmp.eval()
+    with torch.no_grad():
+        for batch in make_batches(cfg, rank, cfg.eval_batches, stream=1):
+            _, (_, batch_logits, batch_labels) = dmp(batch.to(device))
+            logits.append(batch_logits.float().cpu())
+            labels.append(batch_labels.float().cpu())
+    dmp.train()
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (torch.cat(logits), torch.cat(labels)))
+    all_logits = torch.cat([g[0] for g in gathered])
+    all_labels = torch.cat([g[1] for g in gathered])
+    log_loss = torch.nn.functional.binary_cross_entropy_with_logits(all_logits, all_labels).item()
+    auc = BinaryAUROC()(torch.sigmoid(all_logits), all_labels.long()).item()
+    return {"auc": auc, "log_loss": log_loss}
+
+
+def save_checkpoint(cfg: TrainConfig, dmp, dense_optimizer, step: int) -> str:
+    import torch.distributed.checkpoint as dcp
+
+    path = os.path.join(cfg.checkpoint.dir, f"step_{step}")
+    state = {"model": dmp.state_dict(), "fused": dmp.fused_optimizer.state_dict()}
+    state["dense"] = dense_optimizer.state_dict()
+    dcp.save(state, checkpoint_id=path)
+    return path
+
+
+def train(cfg: TrainConfig) -> Dict[str, Any]:
+    """The whole job on an initialized process group; returns the metrics."""
+    import torch.distributed as dist
+
+    from pipelines.staleness import StalenessTrainPipeline
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.data.seed)  # the dense layers' initial weights, the same on every rank and backend
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dmp, dense_optimizer = build_model(cfg, device, world_size)
+    pipeline = StalenessTrainPipeline(
+        dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag
+    )
+    batches = make_batches(cfg, rank, cfg.steps)
+    progress = None
+    if rank == 0 and cfg.logging.progress_bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=cfg.steps, desc=f"train backend={cfg.backend.name} k={cfg.pipeline.staleness}")
+    losses, start = [], time.perf_counter()
+    for step in range(cfg.steps):
+        _set_learning_rates(cfg, dmp, dense_optimizer, step)
+        try:
+            loss, _, _ = pipeline.progress(batches)
+        except StopIteration:
+            break
+        losses.append(loss.item())
+        if progress is not None:
+            progress.update(1)
+            if step % cfg.logging.every_steps == 0:
+                rate = (step + 1) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
+                progress.set_postfix(loss=f"{losses[-1]:.4f}", examples_per_s=f"{rate:.0f}")
+        if cfg.checkpoint.dir and cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
+            pipeline.drain()
+            save_checkpoint(cfg, dmp, dense_optimizer, step + 1)
+    losses += [out[0].item() for out in pipeline.drain()]
+    pipeline.detach()  # the model's own forwards, for evaluation
+    if progress is not None:
+        progress.close()
+    metrics = {"steps": len(losses), "first_loss": losses[0], "last_loss": sum(losses[-10:]) / len(losses[-10:])}
+    metrics.update(evaluate(cfg, dmp, rank, device) if cfg.eval_batches else {})
+    if cfg.checkpoint.dir:
+        metrics["checkpoint"] = save_checkpoint(cfg, dmp, dense_optimizer, len(losses))
+    if rank == 0:
+        print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
+    return metrics
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(raw_cfg: Any) -> None:
+    import torch.distributed as dist
+
+    cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
+    logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
+    existing = cfg.checkpoint.dir and os.path.isdir(cfg.checkpoint.dir) and os.listdir(cfg.checkpoint.dir)
+    if existing and cfg.checkpoint.resume:
+        raise NotImplementedError("checkpoint.resume: resuming is not wired into the app yet (set it false)")
+    if cfg.logging.tensorboard:
+        raise NotImplementedError("logging.tensorboard: not wired into the app yet")
+    _init_distributed()
+    try:
+        train(cfg)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -34,9 +34,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
 # The main job: DLRM on the embedded synthetic click log, 2 CPU processes (gloo), backend=triton
-# (Triton's interpreter on CPU), 200 steps, then AUC / log loss. Hydra overrides go in ARGS.
+# (Triton's interpreter on CPU), 200 steps, AUC / log loss, checkpoints in ./checkpoints. Overrides: ARGS=...
 train: $(STAMP)
-	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.train backend=triton $(ARGS)
+	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.train backend=triton checkpoint=periodic $(ARGS)
 
 bench: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m tbe_plugin.benchmarks.forward --smoke --out bench-out

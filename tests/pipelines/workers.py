@@ -7,9 +7,8 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from tests.torchrec.workers import LR, EPS, TABLES, make_plan, set_from_full
+from tests.torchrec.workers import BATCH, LR, EPS, TABLES, make_plan, set_from_full
 
-BATCH = 4
 DENSE_IN = 3
 
 
@@ -45,19 +44,14 @@ class Model(torch.nn.Module):
 
 
 def make_batch(rank: int, step: int):
-    from torchrec import KeyedJaggedTensor
+    """The adapter tests' sparse batch for (rank, step), with dense features and labels."""
     from torchrec.datasets.utils import Batch
 
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    lengths = torch.randint(0, 4, (len(TABLES) * BATCH,), generator=g)
-    values = torch.cat([
-        torch.randint(0, rows, (int(lengths[t * BATCH:(t + 1) * BATCH].sum()),), generator=g)
-        for t, (_, rows, _, _) in enumerate(TABLES)
-    ])  # fmt: skip
-    keys = [f"f{t}" for t in range(len(TABLES))]
-    features = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+    from tests.torchrec.workers import batch as sparse_batch
+
+    g = torch.Generator().manual_seed(500_000 + 1000 * rank + step)
     return Batch(
-        dense_features=torch.randn(BATCH, DENSE_IN, generator=g), sparse_features=features,
+        dense_features=torch.randn(BATCH, DENSE_IN, generator=g), sparse_features=sparse_batch(rank, step),
         labels=torch.randint(0, 2, (BATCH,), generator=g).float(),
     )  # fmt: skip
 

@@ -10,9 +10,11 @@ key). Rank 0 shows progress and metrics.
 import json
 import logging
 import os
+import re
+import signal
 import socket
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import hydra
 import torch
@@ -154,14 +156,80 @@ def evaluate(cfg: TrainConfig, dmp, rank: int, device: torch.device) -> Dict[str
     return {"auc": auc, "log_loss": log_loss}
 
 
+# Pre-emption notices: finish the step, drain, save, exit 0. PIPELINES_TRAIN_SIGNAL_AT_STEP=n
+# makes every rank send itself SIGTERM after step n (fault injection, for tests).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preemption:
+    """Remembers a pre-emption signal; ``agreed()`` is true on every rank once any got one."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in PREEMPTION_SIGNALS:
+            signal.signal(sig, self._notice)
+
+    def _notice(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def agreed(self) -> bool:
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if self.requested else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def _checkpoint_state(dmp, dense_optimizer, step: int) -> Dict[str, Any]:
+    return {
+        "model": dmp.state_dict(),
+        "fused": dmp.fused_optimizer.state_dict(),
+        "dense": dense_optimizer.state_dict(),
+        "step": torch.tensor(step),
+    }
+
+
 def save_checkpoint(cfg: TrainConfig, dmp, dense_optimizer, step: int) -> str:
+    """Model, fused and dense optimizer states and the step, with torch.distributed.checkpoint
+    (the data position is the step: the synthetic stream is replayed up to it)."""
     import torch.distributed.checkpoint as dcp
 
     path = os.path.join(cfg.checkpoint.dir, f"step_{step}")
-    state = {"model": dmp.state_dict(), "fused": dmp.fused_optimizer.state_dict()}
-    state["dense"] = dense_optimizer.state_dict()
-    dcp.save(state, checkpoint_id=path)
+    dcp.save(_checkpoint_state(dmp, dense_optimizer, step), checkpoint_id=path)
     return path
+
+
+def latest_checkpoint(directory: Optional[str]) -> Optional[str]:
+    steps = []
+    if directory and os.path.isdir(directory):
+        steps = [int(m.group(1)) for name in os.listdir(directory) if (m := re.fullmatch(r"step_(\d+)", name))]
+    return os.path.join(directory, f"step_{max(steps)}") if steps else None
+
+
+def load_checkpoint(path: str, dmp, dense_optimizer) -> int:
+    """Restores what ``save_checkpoint`` wrote; returns its step."""
+    import torch.distributed.checkpoint as dcp
+
+    state = _checkpoint_state(dmp, dense_optimizer, 0)
+    dcp.load(state, checkpoint_id=path)
+    dmp.load_state_dict(state["model"])
+    dmp.fused_optimizer.load_state_dict(state["fused"])
+    dense_optimizer.load_state_dict(state["dense"])
+    return int(state["step"])
+
+
+def weights_checksum(dmp) -> float:
+    """Sum of every weight (table shards and dense parameters) over all ranks' shards."""
+    import torch.distributed as dist
+
+    local = torch.zeros((), dtype=torch.float64)
+    for key, value in dmp.state_dict().items():
+        if hasattr(value, "local_shards"):
+            local += sum(s.tensor.double().sum() for s in value.local_shards())
+        elif dist.get_rank() == 0 and torch.is_floating_point(value):  # replicated: count once
+            local += value.double().sum()
+    dist.all_reduce(local)
+    return local.item()
 
 
 def train(cfg: TrainConfig) -> Dict[str, Any]:
@@ -177,36 +245,59 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     pipeline = StalenessTrainPipeline(
         dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag
     )
+    first_step = 0
+    resume_from = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if resume_from:
+        first_step = load_checkpoint(resume_from, dmp, dense_optimizer)
+        if rank == 0:
+            print(f"[rank 0] resumed from {resume_from} at step {first_step}", flush=True)
     batches = make_batches(cfg, rank, cfg.steps)
+    for _ in range(first_step):  # the data position: replay the stream up to the step
+        next(batches)
+    preemption = Preemption()
+    signal_at = int(os.environ.get("PIPELINES_TRAIN_SIGNAL_AT_STEP", -1))
     progress = None
     if rank == 0 and cfg.logging.progress_bar:
         from tqdm import tqdm
 
-        progress = tqdm(total=cfg.steps, desc=f"train backend={cfg.backend.name} k={cfg.pipeline.staleness}")
+        description = f"train {cfg.backend.name} k={cfg.pipeline.staleness}"
+        progress = tqdm(initial=first_step, total=cfg.steps, desc=description)
     losses, start = [], time.perf_counter()
-    for step in range(cfg.steps):
+    step = first_step
+    while step < cfg.steps:
         _set_learning_rates(cfg, dmp, dense_optimizer, step)
         try:
             loss, _, _ = pipeline.progress(batches)
         except StopIteration:
             break
+        step += 1
         losses.append(loss.item())
         if progress is not None:
             progress.update(1)
-            if step % cfg.logging.every_steps == 0:
-                rate = (step + 1) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
+            if step % cfg.logging.every_steps == 1:
+                rate = len(losses) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
                 progress.set_postfix(loss=f"{losses[-1]:.4f}", examples_per_s=f"{rate:.0f}")
-        if cfg.checkpoint.dir and cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
-            pipeline.drain()
-            save_checkpoint(cfg, dmp, dense_optimizer, step + 1)
+        if step == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if preemption.agreed():
+            step += len(pipeline.drain())  # the batches already drawn
+            path = save_checkpoint(cfg, dmp, dense_optimizer, step) if cfg.checkpoint.dir else "(no checkpoint.dir)"
+            if rank == 0:
+                print(f"[rank 0] pre-empted after step {step}: checkpoint {path}; exiting", flush=True)
+            return {"preempted_at": step, "checkpoint": path}
+        if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+            step += len(pipeline.drain())
+            save_checkpoint(cfg, dmp, dense_optimizer, step)
     losses += [out[0].item() for out in pipeline.drain()]
     pipeline.detach()  # the model's own forwards, for evaluation
     if progress is not None:
         progress.close()
-    metrics = {"steps": len(losses), "first_loss": losses[0], "last_loss": sum(losses[-10:]) / len(losses[-10:])}
+    metrics = {"steps": first_step + len(losses), "first_loss": losses[0] if losses else None,
+               "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+               "weights_checksum": weights_checksum(dmp)}  # fmt: skip
     metrics.update(evaluate(cfg, dmp, rank, device) if cfg.eval_batches else {})
     if cfg.checkpoint.dir:
-        metrics["checkpoint"] = save_checkpoint(cfg, dmp, dense_optimizer, len(losses))
+        metrics["checkpoint"] = save_checkpoint(cfg, dmp, dense_optimizer, first_step + len(losses))
     if rank == 0:
         print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
     return metrics
@@ -218,9 +309,6 @@ def main(raw_cfg: Any) -> None:
 
     cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
-    existing = cfg.checkpoint.dir and os.path.isdir(cfg.checkpoint.dir) and os.listdir(cfg.checkpoint.dir)
-    if existing and cfg.checkpoint.resume:
-        raise NotImplementedError("checkpoint.resume: resuming is not wired into the app yet (set it false)")
     if cfg.logging.tensorboard:
         raise NotImplementedError("logging.tensorboard: not wired into the app yet")
     _init_distributed()

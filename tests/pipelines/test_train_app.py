@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["steps=12", "eval_batches=2", "data.batch_size=32", "logging.progress_bar=false"]
 
 
-def run_app(tmp_path, *overrides, nproc=2):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+def run_app(tmp_path, *overrides, nproc=2, **env_vars):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), **env_vars)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "pipelines.train", *SHORT, *overrides]  # fmt: skip
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -50,3 +50,20 @@ def test_bad_override_fails_before_training(tmp_path):
     assert result.returncode != 0
     assert "pipeline.staleness" in result.stdout + result.stderr
     assert "metrics" not in result.stdout
+
+
+def test_preemption_then_resume_ends_as_an_uninterrupted_run(runs, tmp_path):
+    """SIGTERM after step 5 (every rank, as a scheduler's notice): the step finishes, the
+    pipeline drains, a checkpoint is saved and the job exits 0; the restarted job resumes
+    from it (weights, optimizer states, step, data position) and ends exactly where the
+    uninterrupted run ends."""
+    checkpoint = f"checkpoint.dir={tmp_path / 'ck'}"
+    first = run_app(tmp_path, "backend=triton", checkpoint, PIPELINES_TRAIN_SIGNAL_AT_STEP="5")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "pre-empted after step 5" in first.stdout and "metrics" not in first.stdout
+    second = run_app(tmp_path, "backend=triton", checkpoint)
+    assert "resumed from" in second.stdout and "at step 5" in second.stdout
+    resumed, uninterrupted = metrics(second), runs["triton"]
+    assert resumed["steps"] == uninterrupted["steps"] == 12
+    for key in ("weights_checksum", "auc", "log_loss"):
+        assert resumed[key] == uninterrupted[key], (key, resumed, uninterrupted)

@@ -221,6 +221,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "steps", "must be >= 1")
         _require(self.eval_batches >= 0, "eval_batches", "must be >= 0")
+        if isinstance(self.data, DataConfig) and self.data.source == "criteo":
+            _require(self.tables.num_tables == 26, "tables.num_tables", "must be 26 with data.source=criteo")
+            _require(self.model.dense_in_features == 13, "model.dense_in_features", "must be 13 with source=criteo")
         if isinstance(self.model, ModelConfig) and isinstance(self.tables, TablesConfig):
             _require(self.model.dense_arch_layer_sizes[-1] == self.tables.dim, "model.dense_arch_layer_sizes",
                      f"must end in tables.dim ({self.tables.dim}): DLRM's interaction joins them")  # fmt: skip

@@ -66,3 +66,57 @@ class SyntheticClickLog:
             lengths=torch.from_numpy(lengths.reshape(-1)).long(),
         )
         return Batch(dense_features=torch.from_numpy(dense), sparse_features=features, labels=torch.from_numpy(labels))
+
+
+CRITEO_DENSE, CRITEO_SPARSE = 13, 26
+
+
+class CriteoTSV:
+    """Batches from Criteo-format TSV files, as TorchRec's ``torchrec.datasets.criteo`` reads
+    them: per line a 0/1 label, 13 integer features and 26 categorical features in
+    hexadecimal, any of them possibly empty. Dense features become ``log(1 + max(x, 0))``
+    (0 when empty); categorical ``c`` of feature ``t`` becomes id ``int(c, 16) % rows``, an
+    empty one no id. Rank ``r`` of ``world_size`` reads every ``world_size``-th batch, so the
+    ranks share the files without overlap; a last partial batch is dropped."""
+
+    def __init__(self, paths, batch_size: int, rows: int, rank: int = 0, world_size: int = 1) -> None:
+        self.paths, self.batch_size, self.rows = list(paths), batch_size, rows
+        self.rank, self.world_size = rank, world_size
+
+    def _lines(self):
+        for path in self.paths:
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        yield line.rstrip("\n").split("\t")
+
+    def __iter__(self) -> Iterator[object]:
+        chunk, index = [], 0
+        for fields in self._lines():
+            if len(fields) != 1 + CRITEO_DENSE + CRITEO_SPARSE:
+                raise ValueError(f"Criteo line with {len(fields)} columns, expected {1 + CRITEO_DENSE + CRITEO_SPARSE}")
+            chunk.append(fields)
+            if len(chunk) == self.batch_size:
+                if index % self.world_size == self.rank:
+                    yield self._batch(chunk)
+                chunk, index = [], index + 1
+
+    def _batch(self, lines):
+        from torchrec import KeyedJaggedTensor
+        from torchrec.datasets.utils import Batch
+
+        labels = torch.tensor([float(line[0]) for line in lines])
+        dense = torch.tensor(
+            [[float(v) if v else 0.0 for v in line[1:1 + CRITEO_DENSE]] for line in lines]
+        ).clamp(min=0).log1p()
+        lengths, values = [], []
+        for t in range(CRITEO_SPARSE):
+            column = [line[1 + CRITEO_DENSE + t] for line in lines]
+            lengths += [1 if c else 0 for c in column]
+            values += [int(c, 16) % self.rows for c in column if c]
+        features = KeyedJaggedTensor.from_lengths_sync(
+            keys=[f"f{t}" for t in range(CRITEO_SPARSE)],
+            values=torch.tensor(values, dtype=torch.long),
+            lengths=torch.tensor(lengths, dtype=torch.long),
+        )
+        return Batch(dense_features=dense, sparse_features=features, labels=labels)

@@ -115,10 +115,17 @@ def init_tables(dmp, seed: int, bound: float, block_rows: int = 4096) -> None:
 
 
 def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0):
-    from pipelines.data import SyntheticClickLog
+    """Training (stream 0) or evaluation (stream 1) batches for this rank. Criteo files
+    serve both: evaluation reads them from the start again."""
+    import itertools
 
-    if cfg.data.source != "synthetic":
-        raise NotImplementedError(f"data.source={cfg.data.source}: only synthetic data is wired into the app yet")
+    import torch.distributed as dist
+
+    from pipelines.data import CriteoTSV, SyntheticClickLog
+
+    if cfg.data.source == "criteo":
+        reader = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size())
+        return itertools.islice(iter(reader), num_batches)
     return iter(SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, num_batches, stream))
 
 

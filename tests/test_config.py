@@ -33,7 +33,7 @@ def test_default_config():
 )
 def test_every_group_option_composes(group, option):
     companions = {  # what an option needs set elsewhere to be valid
-        ("data", "criteo"): ["data.criteo_paths=[day_0.tsv]"],
+        ("data", "criteo"): ["data.criteo_paths=[day_0.tsv]", "tables.num_tables=26"],
         ("tables", "dlrm_h200"): ["model.dense_arch_layer_sizes=[512,256,128]"],
     }
     cfg = compose(f"{group}={option}", *companions.get((group, option), []))
@@ -64,9 +64,11 @@ def test_backend_is_one_key():
         ("sharding.sharding_types=[diagonal]", "sharding.sharding_types"),
         ("pipeline.tbe_max_sms=8", "pipeline.tbe_max_sms"),
         ("data.source=criteo", "data.criteo_paths"),
+        ("data=criteo", "data.criteo_paths"),
+        ("data=criteo data.criteo_paths=[x.tsv]", "tables.num_tables"),  # Criteo has 26 features
     ],
 )
 def test_bad_overrides_name_the_key(override, key):
     with pytest.raises(Exception) as info:
-        compose(override)
+        compose(*override.split())
     assert key in str(info.value), str(info.value)

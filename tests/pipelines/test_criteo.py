@@ -1,0 +1,57 @@
+"""The Criteo-format reader on a small file the test writes, and the app trained on it."""
+
+import random
+
+import pytest
+import torch
+
+from tests.pipelines.test_train_app import metrics, run_app
+
+
+def write_criteo(path, lines, seed=0):
+    """Criteo's TSV: label, 13 integers, 26 hexadecimal categoricals; some fields empty."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(lines):
+            dense = [str(rng.randint(-2, 500)) if rng.random() > 0.2 else "" for _ in range(13)]
+            sparse = [f"{rng.getrandbits(32):08x}" if rng.random() > 0.1 else "" for _ in range(26)]
+            f.write("\t".join([str(rng.randint(0, 1))] + dense + sparse) + "\n")
+
+
+def test_reader_parses_criteo_lines(tmp_path):
+    from pipelines.data import CriteoTSV
+
+    path = tmp_path / "day_0.tsv"
+    write_criteo(path, 10)
+    lines = [line.rstrip("\n").split("\t") for line in open(path)]
+    batches = list(CriteoTSV([path], batch_size=4, rows=1000))
+    assert len(batches) == 2  # 10 lines: two full batches, the rest dropped
+    first = batches[0]
+    assert torch.equal(first.labels, torch.tensor([float(l[0]) for l in lines[:4]]))
+    expected_dense = [[torch.log1p(torch.tensor(max(float(v), 0.0))).item() if v else 0.0 for v in l[1:14]]
+                      for l in lines[:4]]  # fmt: skip
+    torch.testing.assert_close(first.dense_features, torch.tensor(expected_dense))
+    f5 = first.sparse_features["f5"]
+    column = [l[1 + 13 + 5] for l in lines[:4]]
+    assert f5.lengths().tolist() == [1 if c else 0 for c in column]
+    assert f5.values().tolist() == [int(c, 16) % 1000 for c in column if c]
+    ranks = [list(CriteoTSV([path], 2, 1000, rank=r, world_size=2)) for r in (0, 1)]
+    assert [len(b) for b in ranks] == [3, 2]  # 5 batches of 2, dealt to the ranks in turn
+    assert torch.equal(ranks[1][0].labels, torch.tensor([float(l[0]) for l in lines[2:4]]))
+
+
+def test_bad_line_is_reported(tmp_path):
+    from pipelines.data import CriteoTSV
+
+    path = tmp_path / "bad.tsv"
+    path.write_text("1\t2\t3\n")
+    with pytest.raises(ValueError, match="3 columns, expected 40"):
+        list(CriteoTSV([path], 1, 10))
+
+
+def test_app_trains_on_criteo_files(tmp_path):
+    path = tmp_path / "day_0.tsv"
+    write_criteo(path, 2 * 32 * 8)
+    m = metrics(run_app(tmp_path, "data=criteo", f"data.criteo_paths=[{path}]", "data.batch_size=32",
+                        "tables.num_tables=26", "steps=6", "eval_batches=1"))  # fmt: skip
+    assert m["steps"] == 6 and m["log_loss"] > 0, m

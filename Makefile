@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	# then its real dependencies.
 	$(PIP) install -q --no-deps torchrec==1.8.0
 	$(PIP) install -q tensordict "torchmetrics==1.0.3" tqdm pyre-extensions iopath
-	# The training app's configuration (the device stack has the same versions).
-	$(PIP) install -q hydra-core==1.3.2 omegaconf==2.3.0
+	# The training app's configuration and launcher (the device stack has the same versions).
+	$(PIP) install -q hydra-core==1.3.2 omegaconf==2.3.0 torchx==0.7.0
 	$(PIP) install -q -e ".[test]"
 	touch $(STAMP)
 

@@ -67,3 +67,16 @@ def test_preemption_then_resume_ends_as_an_uninterrupted_run(runs, tmp_path):
     assert resumed["steps"] == uninterrupted["steps"] == 12
     for key in ("weights_checksum", "auc", "log_loss"):
         assert resumed[key] == uninterrupted[key], (key, resumed, uninterrupted)
+
+
+def test_torchx_component_runs_locally(tmp_path):
+    """``torchx run -s local_cwd scripts/torchx_components.py:train -- <overrides>``."""
+    bin_dir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-c", "from torchx.cli.main import main; main()", "run", "-s", "local_cwd",
+               "scripts/torchx_components.py:train", "--", "steps=4", "eval_batches=1", "logging.progress_bar=false",
+               "data.batch_size=16", "backend=triton"]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "[rank 0] metrics" in output and "SUCCEEDED" in output, output[-3000:]

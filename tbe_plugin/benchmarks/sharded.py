@@ -11,9 +11,7 @@ events, medians. Writes DIR/sharded.json and DIR/sharded.md.
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -22,6 +20,8 @@ from tbe_plugin.benchmarks.common import (
     collect_environment,
     markdown_table,
     silence_fbgemm_logging,
+    summarize_ms,
+    time_alternating,
     write_report,
 )
 
@@ -120,28 +120,6 @@ def init_process_group(device) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
-def time_ms(fn, device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-    begin = time.perf_counter()
-    fn()
-    return (time.perf_counter() - begin) * 1e3
-
-
-def summarize(samples):
-    ordered = sorted(samples)
-    return {
-        "median_ms": statistics.median(ordered),
-        "p10_ms": ordered[int(0.1 * (len(ordered) - 1))],
-        "p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
-    }
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = benchmark_device(args.smoke)
@@ -156,15 +134,10 @@ def main(argv=None) -> dict:
     with torch.no_grad():
         first = {b: models[b](batches[0]).to_dict() for b in BACKENDS}
     agreement = max((first["triton"][k] - first["fbgemm"][k]).abs().max().item() for k in first["fbgemm"])
-    for backend in BACKENDS:  # warm-up: compiles our kernels, FBGEMM's workspaces
-        for kjt in batches[:2]:
-            step(models[backend], kjt)
-    samples = {backend: [] for backend in BACKENDS}
-    for i in range(args.iters):
-        kjt = batches[i % len(batches)]
-        for backend in BACKENDS if i % 2 == 0 else BACKENDS[::-1]:
-            samples[backend].append(time_ms(lambda: step(models[backend], kjt), device))
-    results = {backend: summarize(samples[backend]) for backend in BACKENDS}
+    # Warm-up (2 steps each: our kernels compile, FBGEMM sets up), then alternating rounds.
+    calls = {backend: (lambda i, m=models[backend]: step(m, batches[i % len(batches)])) for backend in BACKENDS}
+    samples = time_alternating(calls, iters=args.iters, warmup=2, device=device)
+    results = {backend: summarize_ms(samples[backend]) for backend in BACKENDS}
     ratio = results["fbgemm"]["median_ms"] / results["triton"]["median_ms"]
     config = (
         f"T={args.tables} tables, D cycling {args.dims}, {args.rows} rows each, B={args.batch}, "

@@ -3,17 +3,19 @@
 No dense gradient is ever materialized. The backward of one batch:
 
 1. ``_positions_kernel``: for every id, its global row (rows of all tables stacked, with
-   the forward's bounds repair) and its bag. Ids outside every bag get a sentinel row.
+   the forward's bounds repair), its feature, where its output-gradient row starts and
+   its factor (per-sample weight, 1/L for MEAN). Ids outside every bag get a sentinel row.
 2. ``torch.sort`` (stable) of the global rows, as int32 when all tables together have
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
-   runs; the stable order makes every sum below deterministic.
-3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers the output-gradient
-   rows of its ids (scaled by per-sample weight and 1/L for MEAN), sums them per run with
-   a segmented scan, and applies the optimizer to every run that starts and ends inside
-   the chunk. For runs that cross a chunk boundary it writes the chunk's piece.
-4. ``_crossing_kernel``: one program per run that crosses chunks (hot rows), adding its
-   pieces SPAN chunks at a time and applying the optimizer. A hot row never serializes a
-   chunk, and its own sum takes len / (CHUNK * SPAN) steps.
+   runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
+   then lays the ids' operands out in sorted order, with each row's start in the weights.
+3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each sums, per run of one row, the
+   runs' output-gradient rows (the lane of a run's first id walks it; a chunk that one row
+   fills reduces at once) and applies the optimizer to every run that starts in the
+   chunk and ends in it or in the next one. For longer runs it writes the chunk's piece.
+4. ``_crossing_kernel``: each run longer than that (hot rows) adds its pieces SPAN chunks
+   at a time and applies the optimizer. A hot row never serializes a chunk, and its own
+   sum takes len / (CHUNK * SPAN) steps.
 
 The optimizer update itself (``optimizers.apply_update``) sees each touched row once
 per step with its exact aggregated gradient, as FBGEMM's exact optimizers do.

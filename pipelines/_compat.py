@@ -8,6 +8,7 @@ from tbe_plugin.torchrec._compat import TORCHREC_VERSION
 from torchrec.distributed.train_pipeline.pipeline_context import EmbeddingTrainPipelineContext
 from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipelinedForward
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
+from torchrec.distributed.types import LazyNoWait
 from torchrec.distributed.train_pipeline.utils import (
     _override_input_dist_forwards,
     _pipeline_detach_model,
@@ -33,6 +34,7 @@ for _function, _parameters in _EXPECTED.items():
 __all__ = [
     "EmbeddingPipelinedForward",
     "EmbeddingTrainPipelineContext",
+    "LazyNoWait",
     "TrainPipeline",
     "_override_input_dist_forwards",
     "_pipeline_detach_model",

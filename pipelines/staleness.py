@@ -7,34 +7,46 @@ returns ``(loss, output)``:
 
 - ``k = 0``: a plain loop (input all-to-all, lookup, output all-to-all, dense forward,
   backward with the fused table update, dense optimizer step), batch after batch: the
-  same results, bit for bit.
+  same results, bit for bit, with the next batch's host-to-device copy and input
+  all-to-all overlapping the current step (as TorchRec's ``TrainPipelineSparseDist``).
 - ``k >= 1``: the lookups (and output all-to-alls) of batches i+1 .. i+k are issued before
   batch i trains, so batch j's lookup sees the tables as they were after j - k updates
   (the semantics of TorchRec's ``TrainPipelineSemiSync`` for k = 1, generalized). Each
   batch's fused update still runs inside its own ``loss.backward()``.
 
+Streams (CUDA; on CPU everything runs in program order): the data stream copies a batch
+to the device and runs its input all-to-all one step ahead; the sparse stream runs every
+lookup and output all-to-all, and so (autograd runs a backward op on its forward's
+stream) every fused table update, in program order: a lookup never races an update. The
+dense forward and backward run on the current stream, which waits for its batch's lookup
+by an event only, so they overlap the lookups of later batches (k >= 1) and the next
+batch's copy and input all-to-all. Tensors crossing streams are ``record_stream``-ed.
+
 The batches drawn but not yet trained are in flight: ``drain()`` trains them (call it
 before a checkpoint or an evaluation); the end of the data drains them too, then
-``progress`` raises ``StopIteration`` on every call until given a new iterator. A
-dataloader that raises leaves nothing half done: the next batch is drawn before anything
-is issued for it.
+``progress`` raises ``StopIteration`` on every call until given a new iterator. One more
+batch is drawn (and its input all-to-all started) after each step; it is not looked up
+until its turn, so ``drain()`` keeps it for the next ``progress`` and ``detach()`` gives it
+back to be drawn again. A dataloader that raises leaves nothing half done: drawing
+precedes all work on a batch; an error raised by the draw after a step is raised by the
+next ``progress`` call, so the step's output is not lost.
 
 ``dense_grad_lag=True`` steps the dense optimizer one batch behind (TorchRec's
 ``stash_gradients``), applying the last gradients when the pipeline empties.
 
-This version runs every step on the current stream: the staleness semantics are complete,
-the side-stream overlap of lookups with dense compute (and ``tbe_max_sms``, which raises
-when asked) are not yet. See DESIGN.md.
+``tbe_max_sms`` is not implemented (it raises when asked). See DESIGN.md.
 """
 
+import contextlib
 from collections import deque
-from typing import Any, Deque, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional
 
 import torch
 
 from pipelines._compat import (
     EmbeddingPipelinedForward,
     EmbeddingTrainPipelineContext,
+    LazyNoWait,
     TrainPipeline,
     _override_input_dist_forwards,
     _pipeline_detach_model,
@@ -49,12 +61,43 @@ from pipelines._compat import (
 STALE_SAFE_KERNELS = ("fused", "fused_triton")
 
 
+def _on(stream: Optional[torch.cuda.Stream]) -> Any:
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _record(value: Any, stream: Optional[torch.cuda.Stream]) -> None:
+    """``record_stream`` on a tensor, a TorchRec Pipelineable (Batch, KJT, KeyedTensor,
+    module context) or a dict/list of them, so the allocator keeps their memory for
+    ``stream``'s pending work."""
+    if stream is None or value is None:
+        return
+    if isinstance(value, dict):
+        for item in value.values():
+            _record(item, stream)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _record(item, stream)
+    elif isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif hasattr(value, "record_stream"):
+        value.record_stream(stream)
+
+
+class _Staged:
+    """A drawn batch: on the device, its input all-to-all started (``ready`` once done)."""
+
+    def __init__(self, raw: Any, batch: Any, context: Any, features: Dict[str, Any], ready: Any) -> None:
+        self.raw, self.batch, self.context, self.features, self.ready = raw, batch, context, features, ready
+        self.looked_up: Any = None  # the sparse stream's event once its lookups are issued
+
+
 class _InFlightForward(EmbeddingPipelinedForward):
-    """A sharded module's forward inside the pipeline: returns the output all-to-all its
-    batch's context holds (issued when the batch was drawn)."""
+    """A sharded module's forward inside the pipeline: returns the lookup (output
+    all-to-all waited) its batch's context holds, issued when the batch was looked up."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._context.embedding_a2a_requests.pop(self._name)
+        return LazyNoWait(self._context.embedding_a2a_requests.pop(self._name))
 
 
 class StalenessTrainPipeline(TrainPipeline):
@@ -70,56 +113,81 @@ class StalenessTrainPipeline(TrainPipeline):
         if not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"staleness must be an int >= 0, got {staleness!r}")
         if tbe_max_sms is not None:
-            raise NotImplementedError("tbe_max_sms is not implemented yet (lookups run on the current stream)")
+            raise NotImplementedError("tbe_max_sms is not implemented yet (the lookups' kernels take every SM)")
         self._model = model
         self._optimizer = optimizer
         self._device = torch.device(device)
         self._staleness = staleness
         self._dense_grad_lag = bool(dense_grad_lag)
         self._stash: Optional[List[Optional[torch.Tensor]]] = None
-        self._in_flight: Deque[Tuple[Any, Any]] = deque()
+        self._in_flight: Deque[_Staged] = deque()
+        self._staged: Deque[_Staged] = deque()
+        self._pending: Deque[Any] = deque()  # batches given back by detach(), drawn first
+        self._deferred_error: Optional[BaseException] = None
         self._modules: Optional[List[torch.nn.Module]] = None
         self._original_forwards: List[Any] = []
         self._original_dist_forwards: List[Any] = []
         self._iterator: Optional[Iterator[Any]] = None
         self._exhausted = False
         self._drawn = 0
+        cuda = self._device.type == "cuda"
+        self._data_stream = torch.cuda.Stream(self._device) if cuda else None
+        self._sparse_stream = torch.cuda.Stream(self._device) if cuda else None
 
     @property
     def staleness(self) -> int:
         return self._staleness
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
-        """Trains the oldest batch in flight, after drawing batches (and issuing their
-        lookups) until ``staleness + 1`` are in flight; returns its output."""
+        """Trains the oldest batch in flight, after looking up batches until ``staleness +
+        1`` are in flight; then draws the next batch and starts its input all-to-all.
+        Returns the trained batch's output."""
         self._check_training()
+        if self._deferred_error is not None:
+            error, self._deferred_error = self._deferred_error, None
+            raise error
         if dataloader_iter is not self._iterator:
             self._iterator, self._exhausted = dataloader_iter, False
-        while len(self._in_flight) <= self._staleness and not self._exhausted:
-            try:
-                batch = next(dataloader_iter)
-            except StopIteration:
-                self._exhausted = True
-                break
-            self._issue(batch)
+        while len(self._in_flight) <= self._staleness:
+            if not self._staged:
+                raw = self._draw(dataloader_iter)
+                if raw is None:
+                    break
+                self._staged.append(self._stage(raw))
+            self._look_up(self._staged.popleft())
         if not self._in_flight:
             self._apply_stash()
             raise StopIteration
-        return self._train_oldest()
+        output = self._train_oldest()
+        if not self._staged:
+            try:
+                raw = self._draw(dataloader_iter)
+            except Exception as error:  # raised by the next call: this step's output is returned
+                self._deferred_error = error
+                raw = None
+            if raw is not None:
+                self._staged.append(self._stage(raw))
+        return output
 
     def drain(self) -> List[Any]:
         """Trains every batch in flight (before a checkpoint or an evaluation, so that no
-        lookup computed on older tables is left); returns their outputs in order."""
+        lookup computed on older tables is left); returns their outputs in order. A batch
+        drawn but not looked up stays for the next ``progress``."""
         outputs = []
         while self._in_flight:
             outputs.append(self._train_oldest())
         self._apply_stash()
+        if self._sparse_stream is not None:  # readers of the tables on the current stream
+            torch.cuda.current_stream(self._device).wait_stream(self._sparse_stream)
         return outputs
 
     def detach(self) -> torch.nn.Module:
         """Drains, then gives the model its own forwards back (for evaluation or another
-        pipeline); the next ``progress`` rewrites it again."""
+        pipeline); the next ``progress`` rewrites it again, drawing first the batches that
+        were drawn but not looked up."""
         self.drain()
+        while self._staged:
+            self._pending.appendleft(self._staged.pop().raw)
         if self._modules is not None:
             _pipeline_detach_model(
                 model=self._model, pipelined_modules=self._modules, original_forwards=self._original_forwards,
@@ -128,28 +196,61 @@ class StalenessTrainPipeline(TrainPipeline):
             self._modules = None
         return self._model
 
-    def _issue(self, batch: Any) -> None:
-        """Moves ``batch`` to the device, starts its input all-to-all, looks it up and
-        starts its output all-to-all, keeping the result in the batch's context."""
-        if hasattr(batch, "to"):
-            batch = batch.to(self._device, non_blocking=True)
+    def _draw(self, dataloader_iter: Iterator[Any]) -> Any:
+        """The next batch (given-back ones first), or None at the end of the data."""
+        if self._pending:
+            return self._pending.popleft()
+        if self._exhausted:
+            return None
+        try:
+            return next(dataloader_iter)
+        except StopIteration:
+            self._exhausted = True
+            return None
+
+    def _stage(self, raw: Any) -> _Staged:
+        """On the data stream: copies ``raw`` to the device and runs its input all-to-all
+        (splits, then tensors)."""
         context = EmbeddingTrainPipelineContext(index=self._drawn, version=1)
         self._drawn += 1
-        first = self._modules is None
-        if first:
-            self._modules = self._rewrite(batch, context)
-        _start_data_dist(self._modules, batch, context)
-        if first:  # the modules' input dists exist now: fuse their splits all-to-alls
-            self._original_dist_forwards = _override_input_dist_forwards(self._modules)
-        for names, awaitable in context.fused_splits_awaitables:
-            for name, request in zip(names, awaitable.wait()):
-                context.input_dist_tensors_requests[name] = request
-        for module in self._modules:
-            name = module.forward.name
-            features = context.input_dist_tensors_requests.pop(name).wait()
-            module_context = context.module_contexts.pop(name)
-            context.embedding_a2a_requests[name] = module.compute_and_output_dist(module_context, features)
-        self._in_flight.append((batch, context))
+        with _on(self._data_stream):
+            batch = raw.to(self._device, non_blocking=True) if hasattr(raw, "to") else raw
+            first = self._modules is None
+            if first:
+                self._modules = self._rewrite(batch, context)
+            _start_data_dist(self._modules, batch, context)
+            if first:  # the modules' input dists exist now: fuse their splits all-to-alls
+                self._original_dist_forwards = _override_input_dist_forwards(self._modules)
+            for names, awaitable in context.fused_splits_awaitables:
+                for name, request in zip(names, awaitable.wait()):
+                    context.input_dist_tensors_requests[name] = request
+            features = {name: request.wait() for name, request in context.input_dist_tensors_requests.items()}
+            context.input_dist_tensors_requests.clear()
+            ready = torch.cuda.Event() if self._data_stream is not None else None
+            if ready is not None:
+                ready.record(self._data_stream)
+        return _Staged(raw, batch, context, features, ready)
+
+    def _look_up(self, staged: _Staged) -> None:
+        """On the sparse stream: the lookups and output all-to-alls of ``staged``."""
+        stream = self._sparse_stream
+        if stream is not None:
+            if not self._in_flight:  # host-side writes (checkpoint load, eval) before new lookups
+                stream.wait_stream(torch.cuda.current_stream(self._device))
+            stream.wait_event(staged.ready)
+        context = staged.context
+        with _on(stream), torch.enable_grad():
+            for module in self._modules:
+                name = module.forward.name
+                features = staged.features.pop(name)
+                module_context = context.module_contexts.pop(name)
+                _record(features, stream)
+                _record(module_context, stream)
+                context.embedding_a2a_requests[name] = module.compute_and_output_dist(module_context, features).wait()
+            if stream is not None:
+                staged.looked_up = torch.cuda.Event()
+                staged.looked_up.record(stream)
+        self._in_flight.append(staged)
 
     def _check_training(self) -> None:
         if not self._model.training:
@@ -160,11 +261,16 @@ class StalenessTrainPipeline(TrainPipeline):
 
     def _train_oldest(self) -> Any:
         self._check_training()
-        batch, context = self._in_flight.popleft()
+        staged = self._in_flight.popleft()
+        if staged.looked_up is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(staged.looked_up)
+            _record(staged.batch, current)
+            _record(staged.context.embedding_a2a_requests, current)
         for module in self._modules:
-            module.forward.set_context(context)
+            module.forward.set_context(staged.context)
         self._optimizer.zero_grad()
-        loss, output = self._model(batch)
+        loss, output = self._model(staged.batch)
         loss.backward()
         if self._dense_grad_lag:
             self._step_one_behind()

@@ -44,8 +44,9 @@ def _init_distributed() -> Tuple[int, int, torch.device]:
     return rank, world_size, device
 
 
-def build_model(cfg: TrainConfig, device: torch.device, world_size: int):
-    """DLRM over the configured tables, sharded for ``cfg.backend``; and the dense optimizer."""
+def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None):
+    """DLRM over the configured tables, sharded for ``cfg.backend``; and the dense optimizer.
+    ``init(dmp, seed, bound)`` sets the tables (default ``init_tables``)."""
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -90,7 +91,7 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int):
     dmp = DistributedModelParallel(
         model, env=ShardingEnv.from_process_group(dist.group.WORLD), plan=plan, device=device, sharders=sharders
     )
-    init_tables(dmp, cfg.data.seed, bound=1.0 / cfg.tables.rows**0.5)
+    (init or init_tables)(dmp, cfg.data.seed, bound=1.0 / cfg.tables.rows**0.5)
     dense = [p for name, p in dmp.named_parameters() if "embedding_bags" not in name]
     optimizer_class = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
     return dmp, optimizer_class[cfg.optimizer.dense](dense, lr=cfg.optimizer.dense_lr)

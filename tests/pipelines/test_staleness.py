@@ -39,6 +39,33 @@ def test_dense_gradient_lag_matches_the_reference(results):
     assert max(r["pipe1~pipe1lag"][1] for r in results) > 1e-4, results
 
 
+GPU_TOL = 1e-6  # the same kernels on other streams: expected equal; a race shows as far more
+
+
+@pytest.fixture(scope="module", params=[(ws, st, b) for ws, st in CASES for b in BACKENDS],
+                ids=lambda p: f"ws{p[0]}-{p[1]}-{p[2]}")  # fmt: skip
+def gpu_results(request):
+    import torch
+
+    world_size, sharding_type, backend = request.param
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, this machine has {torch.cuda.device_count()}")
+    return run_distributed(
+        workers.staleness_worker, world_size, backend, sharding_type, "cuda", False, backend="nccl"
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_streams_keep_the_semantics(gpu_results):
+    """On CUDA (data, sparse and current streams; nccl): k = 0 equals the plain loop and
+    SparseDist, k = 1, 2 and the lag equal their references."""
+    for r in gpu_results:
+        print({k: v for k, v in r.items()})
+        for pair in ("plain~pipe0", "ref0~pipe0", "sparsedist~pipe0", "ref1~pipe1", "ref2~pipe2", "ref1lag~pipe1lag"):
+            assert max(r[pair]) <= GPU_TOL, (pair, r[pair])
+    assert max(r["pipe0~pipe1"][1] for r in gpu_results) > 1e-4, gpu_results
+
+
 def test_staleness_changes_results(results):
     """Not vacuous: lookups one update old train differently."""
     assert max(r["pipe0~pipe1"][1] for r in results) > 1e-4, results

@@ -56,7 +56,7 @@ def make_batch(rank: int, step: int):
     )  # fmt: skip
 
 
-def make_trainee(backend: str, sharding_type: str, world_size: int):
+def make_trainee(backend: str, sharding_type: str, world_size: int, device: str = "cpu"):
     """A DMP of ``Model`` with the test tables' fixed weights, and its dense SGD."""
     import copy
 
@@ -66,12 +66,12 @@ def make_trainee(backend: str, sharding_type: str, world_size: int):
     from tbe_plugin.torchrec import get_sharders
     from tests.torchrec.workers import make_ebc
 
-    plan = copy.deepcopy(make_plan(sharding_type, world_size))
+    plan = copy.deepcopy(make_plan(sharding_type, world_size, torch.device(device).type))
     for parameter_sharding in plan.values():
         parameter_sharding.compute_kernel = {"triton": "fused_triton", "fbgemm": "fused"}[backend]
     dmp = DistributedModelParallel(
         Model(), env=ShardingEnv.from_process_group(dist.group.WORLD), plan=ShardingPlan({"ebc": plan}),
-        device=torch.device("cpu"), sharders=get_sharders(backend),
+        device=torch.device(device), sharders=get_sharders(backend),
     )  # fmt: skip
     torch.manual_seed(0)
     reference = make_ebc("cpu")
@@ -86,9 +86,9 @@ def snapshot(dmp) -> Dict[str, torch.Tensor]:
     for key, value in dmp.state_dict().items():
         if hasattr(value, "local_shards"):
             shards = [s.tensor.detach().flatten() for s in value.local_shards()]
-            out[key] = torch.cat(shards) if shards else torch.zeros(0)
+            out[key] = torch.cat(shards).cpu() if shards else torch.zeros(0)
         else:
-            out[key] = value.detach().clone()
+            out[key] = value.detach().cpu().clone()
     return out
 
 
@@ -99,7 +99,7 @@ def differ(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
 
 def outputs_differ(a: List[torch.Tensor], b: List[torch.Tensor]) -> float:
     assert len(a) == len(b), (len(a), len(b))
-    return max(((x - y).abs().max().item() for x, y in zip(a, b)), default=0.0)
+    return max(((x.cpu() - y.cpu()).abs().max().item() for x, y in zip(a, b)), default=0.0)
 
 
 def run_pipeline(pipeline, iterator) -> List[torch.Tensor]:
@@ -122,55 +122,67 @@ def plain_loop(dmp, optimizer, batches) -> List[torch.Tensor]:
     return outputs
 
 
-def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: str) -> Dict[str, Any]:
+def staleness_worker(
+    rank: int, world_size: int, backend: str, sharding_type: str, device_type: str = "cpu", iterator_cases: bool = True
+) -> Dict[str, Any]:
     """Pipeline vs plain loop (k = 0) and vs the reference (k = 1, 2), 6 batches; and the
-    iterator cases: short iterators, exhaustion then a new iterator, a raising loader."""
+    iterator cases: short iterators, exhaustion then a new iterator, a raising loader. On
+    CUDA the pipeline gets host batches (it copies them), the loops device ones."""
     from pipelines import StalenessTrainPipeline
     from pipelines.reference import reference_train
 
-    cpu = torch.device("cpu")
-    batches = [make_batch(rank, s) for s in range(6)]
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    host_batches = [make_batch(rank, s) for s in range(6)]
+    batches = [b.to(device) for b in host_batches]
+
+    def trainee():
+        return make_trainee(backend, sharding_type, world_size, device_type)
+
     results: Dict[str, Any] = {}
     runs = {}
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    dmp, opt = trainee()
     runs["plain"] = (plain_loop(dmp, opt, batches), snapshot(dmp))
     for k in (0, 1, 2):
-        dmp, opt = make_trainee(backend, sharding_type, world_size)
-        pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=k)
-        runs[f"pipe{k}"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
-        dmp, opt = make_trainee(backend, sharding_type, world_size)
+        dmp, opt = trainee()
+        pipeline = StalenessTrainPipeline(dmp, opt, device, staleness=k)
+        runs[f"pipe{k}"] = (run_pipeline(pipeline, iter(host_batches)), snapshot(dmp))
+        dmp, opt = trainee()
         runs[f"ref{k}"] = (reference_train(dmp, opt, batches, k), snapshot(dmp))
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
-    runs["sparsedist"] = (run_pipeline(TrainPipelineSparseDist(dmp, opt, cpu), iter(batches)), snapshot(dmp))
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
-    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1, dense_grad_lag=True)
-    runs["pipe1lag"] = (run_pipeline(pipeline, iter(batches)), snapshot(dmp))
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    dmp, opt = trainee()
+    runs["sparsedist"] = (run_pipeline(TrainPipelineSparseDist(dmp, opt, device), iter(host_batches)), snapshot(dmp))
+    dmp, opt = trainee()
+    pipeline = StalenessTrainPipeline(dmp, opt, device, staleness=1, dense_grad_lag=True)
+    runs["pipe1lag"] = (run_pipeline(pipeline, iter(host_batches)), snapshot(dmp))
+    dmp, opt = trainee()
     runs["ref1lag"] = (reference_train(dmp, opt, batches, 1, dense_grad_lag=True), snapshot(dmp))
     pairs = [("plain", "pipe0"), ("ref0", "pipe0"), ("sparsedist", "pipe0"), ("ref1", "pipe1"), ("ref2", "pipe2"),
              ("pipe0", "pipe1"), ("ref1lag", "pipe1lag"), ("pipe1", "pipe1lag")]  # fmt: skip
     for a, b in pairs:
         results[f"{a}~{b}"] = (outputs_differ(runs[a][0], runs[b][0]), differ(runs[a][1], runs[b][1]))
+    if not iterator_cases:
+        return results
 
     # Short iterators: fewer batches than the pipeline holds.
     for n in (0, 1, 2):
-        dmp, opt = make_trainee(backend, sharding_type, world_size)
-        out = run_pipeline(StalenessTrainPipeline(dmp, opt, cpu, staleness=2), iter(batches[:n]))
-        dmp, opt = make_trainee(backend, sharding_type, world_size)
+        dmp, opt = trainee()
+        out = run_pipeline(StalenessTrainPipeline(dmp, opt, device, staleness=2), iter(batches[:n]))
+        dmp, opt = trainee()
         ref = reference_train(dmp, opt, batches[:n], 2)
         results[f"short{n}"] = (len(out), outputs_differ(out, ref))
 
     # Exhaustion: StopIteration again on the spent iterator; a new one starts a new epoch.
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
-    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1)
+    dmp, opt = trainee()
+    pipeline = StalenessTrainPipeline(dmp, opt, device, staleness=1)
     first = iter(batches[:3])
     epoch1 = run_pipeline(pipeline, first)
     again = run_pipeline(pipeline, first)
     epoch2 = run_pipeline(pipeline, iter(batches[3:]))
     state = snapshot(dmp)
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    dmp, opt = trainee()
     ref = reference_train(dmp, opt, batches[:3], 1) + reference_train(dmp, opt, batches[3:], 1)
     results["epochs"] = (
         len(epoch1), len(again), len(epoch2), outputs_differ(epoch1 + epoch2, ref), differ(state, snapshot(dmp))
@@ -182,8 +194,8 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
         yield from batches[:3]
         raise RuntimeError("loader failed")
 
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
-    pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=2)
+    dmp, opt = trainee()
+    pipeline = StalenessTrainPipeline(dmp, opt, device, staleness=2)
     iterator, trained, error = failing(), [], None
     try:
         while True:
@@ -192,7 +204,7 @@ def staleness_worker(rank: int, world_size: int, backend: str, sharding_type: st
         error = str(e)
     trained += pipeline.drain()
     state = snapshot(dmp)
-    dmp, opt = make_trainee(backend, sharding_type, world_size)
+    dmp, opt = trainee()
     ref = reference_train(dmp, opt, batches[:3], 2)
     results["raising"] = (error, len(trained), outputs_differ(trained, ref), differ(state, snapshot(dmp)))
     return results
@@ -246,8 +258,8 @@ def detach_worker(rank: int, world_size: int, backend: str) -> Dict[str, Any]:
     batches = [make_batch(rank, s) for s in range(5)]
     dmp, opt = make_trainee(backend, "row_wise", world_size)
     pipeline = StalenessTrainPipeline(dmp, opt, cpu, staleness=1)
-    iterator = iter(batches[:3])
-    pipeline.progress(iterator)  # trains batch 0, batch 1 in flight
+    iterator = iter(batches[:4])
+    pipeline.progress(iterator)  # trains batch 0; batch 1 in flight, batch 2 drawn
     dmp.eval()
     try:
         pipeline.progress(iterator)
@@ -255,10 +267,10 @@ def detach_worker(rank: int, world_size: int, backend: str) -> Dict[str, Any]:
     except RuntimeError as error:
         eval_error = str(error)
     dmp.train()
-    model = pipeline.detach()  # trains batch 1
+    model = pipeline.detach()  # trains batch 1, gives batch 2 back
     with torch.no_grad():
         _, detached_out = model(batches[4])
-    trained_after = run_pipeline(pipeline, iter(batches[2:4]))
+    trained_after = run_pipeline(pipeline, iterator)  # batch 2 (given back), then 3
 
     from pipelines.reference import reference_train
 

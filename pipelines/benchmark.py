@@ -1,0 +1,376 @@
+"""Step time of the training pipelines on a DLRM: ``python -m pipelines.benchmark`` (one
+process per GPU under torchrun; world size 1 without it).
+
+For each model balance (sparse-heavy, balanced, dense-heavy) and backend (fbgemm,
+triton) it times, in one process on the same batches:
+
+- ``plain``: a loop of forward, backward, optimizer step;
+- ``sparsedist`` / ``semisync``: TorchRec's ``TrainPipelineSparseDist`` and
+  ``TrainPipelineSemiSync`` (one step stale, ``start_batch=0``);
+- ``stale0`` / ``stale1`` / ``stale2``: ours (``StalenessTrainPipeline``);
+- ``sparse_only``: host-to-device copy, sharded lookup and its backward with a fixed
+  gradient; ``dense_only``: the model's step with the lookup replaced by a fixed tensor;
+  so that ``max(sparse_only, dense_only)`` is the bound a perfect overlap reaches.
+
+Every timed mode builds its model afresh with the same weights (seeded per table shard on
+the device), so the losses of modes with the same semantics can be compared: ``stale0``
+against ``plain``, ``stale1`` against ``semisync``; their largest difference is reported.
+Step time: wall time of ``--steps`` steps after ``--warmup`` steps, CUDA-synchronized at
+both ends, so that a pipeline's overlap across steps counts. ``--trace`` adds a
+profiler summary of ``stale1`` and ``sparsedist`` on the balanced model: per CUDA stream
+the busy time, and the time two or more streams were busy at once.
+"""
+
+import argparse
+import dataclasses
+import inspect
+import itertools
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+
+from pipelines.config import DataConfig, ModelConfig, OptimizerConfig, TablesConfig, TrainConfig
+
+# Per balance: tables, pooling factor, dense MLP and over MLP. The costs they aim at
+# (H200, B=8192, fp32): sparse-heavy ~ lookup-bound, balanced ~ lookup ~ MLPs, dense-heavy
+# ~ MLP-bound; the benchmark measures what they are.
+BALANCES: Dict[str, Dict[str, Any]] = {
+    "sparse_heavy": dict(num_tables=26, pooling_factor=60, dense=[512, 256, 128], over=[512, 256, 1]),
+    "balanced": dict(num_tables=26, pooling_factor=20, dense=[512, 256, 128], over=[1024, 1024, 512, 256, 1]),
+    "dense_heavy": dict(num_tables=8, pooling_factor=8, dense=[1024, 512, 128], over=[2048, 2048, 2048, 1]),
+}
+MODES = ("plain", "sparsedist", "semisync", "stale0", "stale1", "stale2", "sparse_only", "dense_only")
+SAME_SEMANTICS = {"stale0": "plain", "stale1": "semisync"}
+
+
+def make_config(balance: str, backend: str, batch_size: int, rows: int, dim: int, zipf: float) -> TrainConfig:
+    b = BALANCES[balance]
+    return TrainConfig(
+        model=ModelConfig(name="dlrm", dense_in_features=13, dense_arch_layer_sizes=[*b["dense"][:-1], dim],
+                          over_arch_layer_sizes=list(b["over"])),
+        tables=TablesConfig(num_tables=b["num_tables"], rows=rows, dim=dim, pooling_factor=b["pooling_factor"],
+                            zipf_alpha=zipf),
+        data=DataConfig(batch_size=batch_size, seed=0),
+        optimizer=OptimizerConfig(sparse="EXACT_ROWWISE_ADAGRAD", sparse_lr=0.01, dense="adagrad", dense_lr=0.01),
+        backend=dataclasses.replace(TrainConfig().backend, name=backend),
+    )  # fmt: skip
+
+
+def device_init(dmp, seed: int, bound: float) -> None:
+    """Each local table shard U(-bound, bound) from a generator on its device seeded by
+    (seed, table, shard offsets): the same weights for every backend under one plan."""
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            if "embedding_bags" not in key or not hasattr(value, "local_shards"):
+                continue
+            table = int(key.split(".")[-2][1:])
+            for shard in value.local_shards():
+                r0, c0 = shard.metadata.shard_offsets
+                g = torch.Generator(device=shard.tensor.device)
+                g.manual_seed(seed * 1_000_003 + table * 10_007 + r0 * 31 + c0)
+                shard.tensor.uniform_(-bound, bound, generator=g)
+
+
+def make_batches(cfg: TrainConfig, rank: int, distinct: int) -> List[Any]:
+    """``distinct`` synthetic batches for this rank, in pinned host memory (on CUDA machines)."""
+    from pipelines.data import SyntheticClickLog
+
+    log = SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, distinct)
+    return [batch.pin_memory() if torch.cuda.is_available() else batch for batch in log]
+
+
+def _kwargs_known(cls: Any, **kwargs: Any) -> Dict[str, Any]:
+    """The keyword arguments ``cls`` takes in this TorchRec version (1.6.1 and 1.8.0 differ)."""
+    known = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in kwargs.items() if k in known}
+
+
+def make_pipeline(mode: str, dmp, optimizer, device: torch.device):
+    from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync, TrainPipelineSparseDist
+
+    from pipelines.staleness import StalenessTrainPipeline
+
+    if mode == "sparsedist":
+        return TrainPipelineSparseDist(dmp, optimizer, device, **_kwargs_known(TrainPipelineSparseDist,
+                                                                               execute_all_batches=True))
+    if mode == "semisync":
+        return TrainPipelineSemiSync(dmp, optimizer, device, **_kwargs_known(
+            TrainPipelineSemiSync, execute_all_batches=True, start_batch=0, stash_gradients=False))
+    return StalenessTrainPipeline(dmp, optimizer, device, staleness=int(mode[len("stale"):]))  # fmt: skip
+
+
+class PlainLoop:
+    """forward, backward, step: the baseline (and the pipelines' interface)."""
+
+    def __init__(self, dmp, optimizer, device: torch.device) -> None:
+        self.dmp, self.optimizer, self.device = dmp, optimizer, device
+
+    def progress(self, iterator: Iterator[Any]) -> Any:
+        batch = next(iterator).to(self.device, non_blocking=True)
+        self.optimizer.zero_grad()
+        loss, output = self.dmp(batch)
+        loss.backward()
+        self.optimizer.step()
+        return output
+
+
+def _dlrm(dmp):
+    return dmp.module.model  # DMP -> DLRMTrain -> DLRM
+
+
+class SparseOnly:
+    """The sparse unit alone: copy, input all-to-all, lookup, output all-to-all, and the
+    backward (fused update) with a fixed output gradient."""
+
+    def __init__(self, dmp, optimizer, device: torch.device) -> None:
+        self.ebc, self.device, self.grad = _dlrm(dmp).sparse_arch.embedding_bag_collection, device, None
+
+    def progress(self, iterator: Iterator[Any]) -> Any:
+        batch = next(iterator).to(self.device, non_blocking=True)
+        values = self.ebc(batch.sparse_features).wait().values()
+        if self.grad is None:
+            self.grad = torch.full_like(values, 1e-3)
+        values.backward(self.grad)
+        return (values.detach().sum(),)
+
+
+class DenseOnly:
+    """The dense unit alone: the model's step with the sparse arch returning a fixed tensor."""
+
+    def __init__(self, dmp, optimizer, device: torch.device) -> None:
+        sparse_arch = _dlrm(dmp).sparse_arch
+        self.dmp, self.optimizer, self.device = dmp, optimizer, device
+        self.fixed: Optional[torch.Tensor] = None
+        sparse_arch.forward = self._fixed_embeddings
+        self.shape = (sparse_arch.F, sparse_arch.D)
+
+    def _fixed_embeddings(self, features: Any) -> torch.Tensor:
+        if self.fixed is None:
+            self.fixed = torch.rand(features.stride(), *self.shape, device=self.device) * 1e-2
+        return self.fixed
+
+    def progress(self, iterator: Iterator[Any]) -> Any:
+        return PlainLoop.progress(self, iterator)  # type: ignore[arg-type]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_mode(runner, batches: List[Any], warmup: int, steps: int, device: torch.device) -> Dict[str, Any]:
+    """Wall time of ``steps`` progress calls after ``warmup``; the losses of all calls."""
+    iterator = itertools.cycle(batches)
+    losses = []
+    for _ in range(warmup):
+        losses.append(runner.progress(iterator)[0])
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        losses.append(runner.progress(iterator)[0])
+    _synchronize(device)
+    elapsed = time.perf_counter() - start
+    if hasattr(runner, "drain"):
+        runner.drain()
+    return {"ms": 1e3 * elapsed / steps, "losses": [float(x) for x in torch.stack(losses).float().cpu()]}
+
+
+def stream_summary(trace_path: str) -> Dict[str, Any]:
+    """From a Chrome trace: per CUDA stream the busy time (union of its kernels and copies),
+    the time two or more streams were busy at once, and the window, all in ms."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    spans: Dict[str, List[List[float]]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            spans.setdefault(str(e.get("args", {}).get("stream", e.get("tid"))), []).append(
+                [e["ts"], e["ts"] + e["dur"]])
+
+    def union(intervals: List[List[float]]) -> List[List[float]]:
+        merged: List[List[float]] = []
+        for a, b in sorted(intervals):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return merged
+
+    per_stream = {s: union(v) for s, v in spans.items()}
+    busy = {s: sum(b - a for a, b in v) / 1e3 for s, v in per_stream.items()}
+    edges = sorted([(a, 1) for v in per_stream.values() for a, _ in v] + [(b, -1) for v in per_stream.values()
+                                                                            for _, b in v])  # fmt: skip
+    overlap, depth, last = 0.0, 0, None
+    for t, step in edges:
+        if depth >= 2 and last is not None:
+            overlap += t - last
+        depth, last = depth + step, t
+    window = (max(b for v in per_stream.values() for _, b in v) - min(a for v in per_stream.values()
+                                                                       for a, _ in v)) / 1e3  # fmt: skip
+    return {"busy_ms_per_stream": busy, "overlap_ms": overlap / 1e3, "window_ms": window}
+
+
+def trace_mode(runner, batches: List[Any], steps: int, device: torch.device, path: str) -> Dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    iterator = itertools.cycle(batches)
+    for _ in range(3):
+        runner.progress(iterator)
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.progress(iterator)
+        torch.cuda.synchronize(device)
+    prof.export_chrome_trace(path)
+    summary = stream_summary(path)
+    summary["steps"] = steps
+    return summary
+
+
+RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "sparse_only": SparseOnly, "dense_only": DenseOnly}
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    import torch.distributed as dist
+
+    from pipelines.train import _init_distributed, build_model
+
+    rank, world_size, device = _init_distributed()
+    results: Dict[str, Any] = {"world_size": world_size, "batch_size_per_rank": args.batch_size, "rows": args.rows,
+                               "dim": args.dim, "zipf": args.zipf, "steps": args.steps, "warmup": args.warmup,
+                               "versions": versions(), "runs": {}}  # fmt: skip
+    try:
+        for balance in args.balances.split(","):
+            batches = None
+            for backend in args.backends.split(","):
+                cfg = make_config(balance, backend, args.batch_size, args.rows * world_size, args.dim, args.zipf)
+                if batches is None:
+                    batches = make_batches(cfg, rank, args.distinct_batches)
+                for mode in args.modes.split(","):
+                    torch.manual_seed(cfg.data.seed)  # the same dense weights for every mode
+                    dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
+                    if mode in RUNNERS:
+                        runner = RUNNERS[mode](dmp, optimizer, device)
+                    else:
+                        runner = make_pipeline(mode, dmp, optimizer, device)
+                    key = f"{balance}/{backend}/{mode}"
+                    results["runs"][key] = time_mode(runner, batches, args.warmup, args.steps, device)
+                    if args.trace and balance == "balanced" and mode in ("stale1", "sparsedist"):
+                        path = os.path.join(args.out, f"trace_{backend}_{mode}_rank{rank}.json")
+                        runner = make_pipeline(mode, *build_model(cfg, device, world_size, init=device_init), device)
+                        results["runs"][key]["trace"] = trace_mode(runner, batches, 5, device, path)
+                    if rank == 0:
+                        print(f"{key}: {results['runs'][key]['ms']:.3f} ms/step", flush=True)
+                    del dmp, optimizer, runner
+                    torch.cuda.empty_cache()
+        results["examples_per_step"] = args.batch_size * world_size
+        if rank == 0:
+            summarize(results)
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"pipeline_ws{world_size}.json"), "w") as f:
+                json.dump(results, f, indent=1)
+            with open(os.path.join(args.out, f"pipeline_ws{world_size}.md"), "w") as f:
+                f.write(report(results))
+            print(report(results), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return results
+
+
+def versions() -> Dict[str, str]:
+    import importlib.metadata as md
+
+    import triton
+
+    out = {"torch": torch.__version__, "triton": triton.__version__,
+           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}  # fmt: skip
+    for name in ("torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def summarize(results: Dict[str, Any]) -> None:
+    """Adds to each (balance, backend): max(sparse_only, dense_only), ratios and the
+    largest loss difference between modes of the same semantics."""
+    groups: Dict[str, Dict[str, Any]] = {}
+    for key, r in results["runs"].items():
+        balance, backend, mode = key.split("/")
+        groups.setdefault(f"{balance}/{backend}", {})[mode] = r
+    summary = {}
+    for group, runs in groups.items():
+        s: Dict[str, Any] = {}
+        if "sparse_only" in runs and "dense_only" in runs:
+            s["bound_ms"] = max(runs["sparse_only"]["ms"], runs["dense_only"]["ms"])
+            if "stale1" in runs:
+                s["stale1_over_bound"] = runs["stale1"]["ms"] / s["bound_ms"]
+        if "sparsedist" in runs and "stale1" in runs:
+            s["sparsedist_over_stale1"] = runs["sparsedist"]["ms"] / runs["stale1"]["ms"]
+        for mode, same in SAME_SEMANTICS.items():
+            if mode in runs and same in runs:
+                a, b = runs[mode]["losses"], runs[same]["losses"]
+                s[f"loss_diff_{mode}_vs_{same}"] = max(abs(x - y) for x, y in zip(a, b))
+        summary[group] = s
+    results["summary"] = summary
+
+
+def report(results: Dict[str, Any]) -> str:
+    v = results["versions"]
+    lines = [f"# Pipeline step time, world size {results['world_size']}", "",
+             f"{v.get('device')}; torch {v.get('torch')}, triton {v.get('triton')}, torchrec {v.get('torchrec')}, "
+             f"fbgemm_gpu {v.get('fbgemm-gpu', v.get('fbgemm-gpu-cpu'))}. DLRM, B={results['batch_size_per_rank']} per "
+             f"rank, {results['rows']} rows per table per rank, D={results['dim']}, Zipf({results['zipf']}) ids, fp32, "
+             f"rowwise Adagrad (fused) + dense Adagrad; ms per step = wall time of {results['steps']} steps after "
+             f"{results['warmup']}, synchronized at both ends.", "",
+             "| balance | backend | " + " | ".join(MODES) + " | max(sparse, dense) | stale1 / bound | "
+             "sparsedist / stale1 | examples/s stale1 |",
+             "|---" * (len(MODES) + 6) + "|"]  # fmt: skip
+    groups = sorted({k.rsplit("/", 1)[0] for k in results["runs"]})
+    for group in groups:
+        runs = {m: results["runs"].get(f"{group}/{m}") for m in MODES}
+        s = results["summary"].get(group, {})
+        cells = [f"{runs[m]['ms']:.2f}" if runs[m] else "" for m in MODES]
+        rate = results["examples_per_step"] / runs["stale1"]["ms"] * 1e3 if runs["stale1"] else None
+        lines.append("| " + " | ".join(group.split("/")) + " | " + " | ".join(cells) +
+                     f" | {s.get('bound_ms', float('nan')):.2f} | {s.get('stale1_over_bound', float('nan')):.2f} | "
+                     f"{s.get('sparsedist_over_stale1', float('nan')):.2f} | {rate or float('nan'):.0f} |")  # fmt: skip
+    lines += ["", "Loss agreement (same semantics, same weights and batches):", ""]
+    for group in groups:
+        diffs = {k: f"{v:.2e}" for k, v in results["summary"].get(group, {}).items() if k.startswith("loss_diff")}
+        lines.append(f"- {group}: {diffs}")
+    traces = {k: r["trace"] for k, r in results["runs"].items() if "trace" in r}
+    if traces:
+        lines += ["", "Profiler, 5 steps: busy ms per CUDA stream, ms with 2+ streams busy, window ms:", ""]
+        for k, t in traces.items():
+            busy = ", ".join(f"{s}: {ms:.1f}" for s, ms in sorted(t["busy_ms_per_stream"].items()))
+            lines.append(f"- {k}: busy {{{busy}}}; overlap {t['overlap_ms']:.1f}; window {t['window_ms']:.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--balances", default=",".join(BALANCES))
+    parser.add_argument("--backends", default="fbgemm,triton")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--batch-size", type=int, default=8192, help="per rank")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="per table, per rank (weak scaling)")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--zipf", type=float, default=1.05)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--distinct-batches", type=int, default=4)
+    parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--out", default="bench-out")
+    args = parser.parse_args(argv)
+    logging.getLogger().setLevel(logging.ERROR)
+    logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

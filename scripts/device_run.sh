@@ -2,7 +2,7 @@
 # On the device (after .gpu-stack/install.sh b): GPU tests, A/B benchmarks and the launch
 # sweep, each step under its own time limit, logs and reports into $OUT.
 # Usage: bash scripts/device_run.sh STEP...   steps: fwdtests bwdtests bench bwdbench selfcheck tune profile
-#        adaptertests shardedbench
+#        adaptertests shardedbench gputests pipebench pipebench_ws
 set -uo pipefail
 export PYTHONPATH=/tmp/gpu-site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-bench-out}
@@ -20,6 +20,9 @@ for step in "$@"; do
     profile) timeout ${PROFILE_TIMEOUT:-240} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tail -30 | tee "$OUT/profile.log" ;;
     adaptertests) timeout ${ADAPTER_TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/torchrec 2>&1 | tee "$OUT/gpu_adapter_tests.log" | tail -30 ;;
     shardedbench) timeout ${SHARDED_BENCH_TIMEOUT:-200} python3 -m tbe_plugin.benchmarks.sharded --out "$OUT" ${SHARDED_BENCH_ARGS:-} 2>&1 | tail -30 | tee "$OUT/shardedbench.log" ;;
+    gputests) timeout ${GPU_TESTS_TIMEOUT:-480} python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests ${GPU_TESTS_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    pipebench) timeout ${PIPE_BENCH_TIMEOUT:-400} python3 -m pipelines.benchmark --out "$OUT" ${PIPE_BENCH_ARGS:-} 2>&1 | grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage" | tee "$OUT/pipebench.log" | tail -40 ;;
+    pipebench_ws) timeout ${PIPE_BENCH_TIMEOUT:-300} torchrun --standalone --nproc_per_node ${NPROC:-2} -m pipelines.benchmark --out "$OUT" ${PIPE_BENCH_ARGS:-} 2>&1 | grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage" | tee "$OUT/pipebench_ws.log" | tail -40 ;;
     tune) timeout ${TUNE_TIMEOUT:-240} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" ${TUNE_ARGS:-} 2>&1 | tail -30 | tee "$OUT/tune.log" ;;
     *) echo "unknown step $step" ;;
   esac

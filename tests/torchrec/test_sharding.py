@@ -60,6 +60,66 @@ def test_triton_matches_fbgemm_fused_on_cuda(gpu_parity, sharding_type):
     assert_parity(gpu_parity, sharding_type, "TritonFusedEmbeddingBag", ("output", "loss", "weights", "states"))
 
 
+def _all_gpus() -> int:
+    """The GPU count when there are 2 or more (the multi-GPU tests), else skip."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < 2:
+        pytest.skip(f"needs 2 or more GPUs, this machine has {count}")
+    return count
+
+
+@pytest.fixture(scope="module")
+def multi_gpu_parity():
+    return run_distributed(workers.parity_worker, _all_gpus(), "cuda", workers.SHARDING_TYPES, backend="nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sharding_type", workers.SHARDING_TYPES)
+def test_triton_matches_fbgemm_fused_across_gpus(multi_gpu_parity, sharding_type):
+    """Every sharding type across all the machine's GPUs (nccl): outputs, losses, weights
+    and optimizer states over 3 steps, against FUSED."""
+    assert_parity(multi_gpu_parity, sharding_type, "TritonFusedEmbeddingBag", ("output", "loss", "weights", "states"))
+
+
+@pytest.fixture(scope="module")
+def multi_gpu_unpooled_parity():
+    return run_distributed(workers.unpooled_parity_worker, _all_gpus(), "cuda", backend="nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sharding_type", workers.UNPOOLED_SHARDING_TYPES)
+def test_embedding_collection_matches_fbgemm_fused_across_gpus(multi_gpu_unpooled_parity, sharding_type):
+    assert_parity(multi_gpu_unpooled_parity, sharding_type, "TritonFusedEmbedding", ("output", "weights", "states"))
+
+
+@pytest.fixture(scope="module")
+def gpu_unpooled_parity():
+    return run_distributed(workers.unpooled_parity_worker, 1, "cuda", backend="nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sharding_type", workers.UNPOOLED_SHARDING_TYPES)
+def test_embedding_collection_matches_fbgemm_fused_on_cuda(gpu_unpooled_parity, sharding_type):
+    assert_parity(gpu_unpooled_parity, sharding_type, "TritonFusedEmbedding", ("output", "weights", "states"))
+
+
+@pytest.fixture(scope="module")
+def multi_gpu_checkpoints(tmp_path_factory):
+    return run_distributed(workers.checkpoint_worker, _all_gpus(), str(tmp_path_factory.mktemp("dcp_gpu")), "cuda",
+                           backend="nccl")  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_checkpoint_crosses_backends_across_gpus(multi_gpu_checkpoints):
+    for rank, results in enumerate(multi_gpu_checkpoints):
+        for case, r in results.items():
+            assert "error" not in r, f"rank {rank} {case}:\n{r.get('error')}"
+            for what in ("output", "weights", "states"):
+                assert r[what] < TOL, (case, what, r)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     return run_distributed(workers.checkpoint_worker, 2, str(tmp_path_factory.mktemp("dcp")))

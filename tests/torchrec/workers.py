@@ -119,7 +119,7 @@ def lookup_kernels(dmp) -> List[str]:
 
 def _dict_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], keys=None) -> float:
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
-    return max((a[k] - b[k].detach()).abs().max().item() for k in (keys or a))
+    return max((a[k].detach().cpu() - b[k].detach().cpu()).abs().max().item() for k in (keys or a))
 
 
 def set_from_full(dmp, full: Dict[str, torch.Tensor]) -> None:
@@ -197,7 +197,7 @@ def parity_worker(rank: int, world_size: int, device: str = "cpu", sharding_type
     return results
 
 
-def checkpoint_worker(rank: int, world_size: int, directory: str) -> Dict[str, Any]:
+def checkpoint_worker(rank: int, world_size: int, directory: str, device: str = "cpu") -> Dict[str, Any]:
     """Per sharding type and direction: 2 steps on one backend, ``torch.distributed.
     checkpoint`` save of the model and the fused optimizer, load into a fresh model on the
     other backend, 2 more steps on both; how far apart the continuations are."""
@@ -205,26 +205,29 @@ def checkpoint_worker(rank: int, world_size: int, directory: str) -> Dict[str, A
 
     import torch.distributed.checkpoint as dcp
 
+    if device == "cuda":
+        torch.cuda.set_device(rank)
     torch.manual_seed(0)
     reference = make_ebc("cpu")
     full = {n: reference.embedding_bags[n].weight.detach().clone() for n, *_ in TABLES}
     results = {}
     for sharding_type in ("row_wise", "column_wise"):
-        plan = make_plan(sharding_type, world_size)
+        plan = make_plan(sharding_type, world_size, device)
         for source, target in (("fbgemm", "triton"), ("triton", "fbgemm")):
             try:
                 path = os.path.join(directory, f"{sharding_type}-{source}")
-                original = make_dmp(source, plan)
+                original = make_dmp(source, plan, device)
                 set_from_full(original, full)
-                train(original, rank, range(2))
+                train(original, rank, range(2), device=device)
                 saved = {"model": original.state_dict(), "optim": original.fused_optimizer.state_dict()}
                 dcp.save(saved, checkpoint_id=path)
-                restored = make_dmp(target, plan)  # its own random initial weights
+                restored = make_dmp(target, plan, device)  # its own random initial weights
                 state = {"model": restored.state_dict(), "optim": restored.fused_optimizer.state_dict()}
                 dcp.load(state, checkpoint_id=path)
                 restored.load_state_dict(state["model"])
                 restored.fused_optimizer.load_state_dict(state["optim"])
-                a, b = train(original, rank, range(2, 4)), train(restored, rank, range(2, 4))
+                a = train(original, rank, range(2, 4), device=device)
+                b = train(restored, rank, range(2, 4), device=device)
                 results[f"{sharding_type}:{source}->{target}"] = {
                     "output": max(_dict_diff(x, y) for x, y in zip(a["outputs"], b["outputs"])),
                     "weights": max_diff(local_shards(original.state_dict()), local_shards(restored.state_dict())),
@@ -273,7 +276,7 @@ def unpooled_batch(rank: int, step: int):
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
 
 
-def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
+def unpooled_parity_worker(rank: int, world_size: int, device: str = "cpu") -> Dict[str, Any]:
     """EmbeddingCollection (no pooling): per sharding type, both backends from the same
     weights, 3 steps; how far apart the per-id embeddings, weights and states are."""
     import copy
@@ -284,6 +287,8 @@ def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
 
     from tbe_plugin.torchrec import get_sharders
 
+    if device == "cuda":
+        torch.cuda.set_device(rank)
     torch.manual_seed(0)
     reference = make_ec("cpu")
     full = {n: reference.embeddings[n].weight.detach().clone() for n, *_ in UNPOOLED_TABLES}
@@ -298,7 +303,7 @@ def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
         try:
             plan = sp.construct_module_sharding_plan(
                 make_ec(), {n: generators[sharding_type](i) for i, (n, *_) in enumerate(UNPOOLED_TABLES)},
-                local_size=world_size, world_size=world_size, device_type="cpu",
+                local_size=world_size, world_size=world_size, device_type=device,
             )  # fmt: skip
             runs = {}
             for backend in ("fbgemm", "triton"):
@@ -307,17 +312,18 @@ def unpooled_parity_worker(rank: int, world_size: int) -> Dict[str, Any]:
                     parameter_sharding.compute_kernel = {"triton": "fused_triton", "fbgemm": "fused"}[backend]
                 dmp = DistributedModelParallel(
                     make_ec(), env=ShardingEnv.from_process_group(dist.group.WORLD),
-                    plan=ShardingPlan({"": backend_plan}), device=torch.device("cpu"), sharders=get_sharders(backend),
+                    plan=ShardingPlan({"": backend_plan}), device=torch.device(device), sharders=get_sharders(backend),
                 )  # fmt: skip
                 set_from_full(dmp, full)
                 outputs = []
                 for step in range(3):
-                    embeddings = dmp(unpooled_batch(rank, step))
+                    embeddings = dmp(unpooled_batch(rank, step).to(torch.device(device)))
                     loss = sum((jt.values() ** 2).sum() for jt in embeddings.values()) / 2
                     loss.backward()
                     outputs.append({k: jt.values().detach().clone() for k, jt in embeddings.items()})
                 with torch.no_grad():  # the first batch again, after the updates
-                    outputs.append({k: jt.values().clone() for k, jt in dmp(unpooled_batch(rank, 0)).items()})
+                    first = dmp(unpooled_batch(rank, 0).to(torch.device(device)))
+                    outputs.append({k: jt.values().clone() for k, jt in first.items()})
                 runs[backend] = {
                     "outputs": outputs,
                     "weights": local_shards(dmp.state_dict()),

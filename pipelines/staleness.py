@@ -25,7 +25,7 @@ batch's copy and input all-to-all. Tensors crossing streams are ``record_stream`
 The batches drawn but not yet trained are in flight: ``drain()`` trains them (call it
 before a checkpoint or an evaluation); the end of the data drains them too, then
 ``progress`` raises ``StopIteration`` on every call until given a new iterator. One more
-batch is drawn (and its input all-to-all started) after each step; it is not looked up
+batch is drawn (and its input all-to-all started) during each step, after the dense forward; it is not looked up
 until its turn, so ``drain()`` keeps it for the next ``progress`` and ``detach()`` gives it
 back to be drawn again. A dataloader that raises leaves nothing half done: drawing
 precedes all work on a batch; an error raised by the draw after a step is raised by the
@@ -39,7 +39,7 @@ next ``progress`` call, so the step's output is not lost.
 
 import contextlib
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, List, Optional
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional
 
 import torch
 
@@ -158,16 +158,7 @@ class StalenessTrainPipeline(TrainPipeline):
         if not self._in_flight:
             self._apply_stash()
             raise StopIteration
-        output = self._train_oldest()
-        if not self._staged:
-            try:
-                raw = self._draw(dataloader_iter)
-            except Exception as error:  # raised by the next call: this step's output is returned
-                self._deferred_error = error
-                raw = None
-            if raw is not None:
-                self._staged.append(self._stage(raw))
-        return output
+        return self._train_oldest(after_forward=lambda: self._stage_ahead(dataloader_iter))
 
     def drain(self) -> List[Any]:
         """Trains every batch in flight (before a checkpoint or an evaluation, so that no
@@ -195,6 +186,20 @@ class StalenessTrainPipeline(TrainPipeline):
             )  # fmt: skip
             self._modules = None
         return self._model
+
+    def _stage_ahead(self, dataloader_iter: Iterator[Any]) -> None:
+        """Draws and stages the next batch, between the dense forward and backward of the
+        step (as TorchRec's SparseDist): the input all-to-all's host sync then waits for the
+        lookups queued before it, while the current stream runs the forward."""
+        if self._staged:
+            return
+        try:
+            raw = self._draw(dataloader_iter)
+        except Exception as error:  # raised by the next call: this step's output is returned
+            self._deferred_error = error
+            return
+        if raw is not None:
+            self._staged.append(self._stage(raw))
 
     def _draw(self, dataloader_iter: Iterator[Any]) -> Any:
         """The next batch (given-back ones first), or None at the end of the data."""
@@ -259,7 +264,7 @@ class StalenessTrainPipeline(TrainPipeline):
                 "flight were looked up for training), then model.train() to go on training"
             )
 
-    def _train_oldest(self) -> Any:
+    def _train_oldest(self, after_forward: Optional[Callable[[], None]] = None) -> Any:
         self._check_training()
         staged = self._in_flight.popleft()
         if staged.looked_up is not None:
@@ -271,6 +276,8 @@ class StalenessTrainPipeline(TrainPipeline):
             module.forward.set_context(staged.context)
         self._optimizer.zero_grad()
         loss, output = self._model(staged.batch)
+        if after_forward is not None:
+            after_forward()
         loss.backward()
         if self._dense_grad_lag:
             self._step_one_behind()

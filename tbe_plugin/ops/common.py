@@ -48,8 +48,8 @@ NO_POSITION = torch.iinfo(torch.int64).max
 def new_status(device: torch.device) -> torch.Tensor:
     """A fresh status vector: zero counts, 'no position' for the first-bad slots."""
     status = torch.zeros(STATUS_LEN, dtype=torch.int64, device=device)
-    status[STATUS_FIRST_BAD_ID_POS] = NO_POSITION
-    status[STATUS_FIRST_BAD_BAG] = NO_POSITION
+    for slot in (STATUS_FIRST_BAD_ID_POS, STATUS_FIRST_BAD_BAG):  # fill_, not item assignment: no
+        status[slot : slot + 1].fill_(NO_POSITION)  # host-to-device copy, so the stream never syncs
     return status
 
 

@@ -44,8 +44,9 @@ BALANCES: Dict[str, Dict[str, Any]] = {
     "balanced": dict(num_tables=26, pooling_factor=20, dense=[512, 256, 128], over=[1024, 1024, 512, 256, 1]),
     "dense_heavy": dict(num_tables=8, pooling_factor=8, dense=[1024, 512, 128], over=[2048, 2048, 2048, 1]),
 }
-MODES = ("plain", "sparsedist", "semisync", "stale0", "stale1", "stale2", "sparse_only", "dense_only")
-SAME_SEMANTICS = {"stale0": "plain", "stale1": "semisync"}
+MODES = ("plain", "plain2", "sparsedist", "semisync", "stale0", "stale1", "stale2", "sparse_only", "dense_only")
+# Pairs whose losses should agree; plain2 (the plain loop again) shows the run-to-run noise floor.
+SAME_SEMANTICS = {"plain2": "plain", "stale0": "plain", "stale1": "semisync"}
 
 
 def make_config(balance: str, backend: str, batch_size: int, rows: int, dim: int, zipf: float) -> TrainConfig:
@@ -61,19 +62,34 @@ def make_config(balance: str, backend: str, batch_size: int, rows: int, dim: int
     )  # fmt: skip
 
 
-def device_init(dmp, seed: int, bound: float) -> None:
-    """Each local table shard U(-bound, bound) from a generator on its device seeded by
-    (seed, table, shard offsets): the same weights for every backend under one plan."""
+def device_init(dmp, seed: int, bound: float, block_rows: int = 65536) -> None:
+    """Every table U(-bound, bound) from generators on the device seeded by (seed, table,
+    global row block), sliced into the local shards: the same weights whatever the
+    backend and the plan (the planner may shard differently from one build to the next)."""
     with torch.no_grad():
         for key, value in dmp.state_dict().items():
             if "embedding_bags" not in key or not hasattr(value, "local_shards"):
                 continue
-            table = int(key.split(".")[-2][1:])
+            table, width = int(key.split(".")[-2][1:]), value.size(1)
             for shard in value.local_shards():
-                r0, c0 = shard.metadata.shard_offsets
-                g = torch.Generator(device=shard.tensor.device)
-                g.manual_seed(seed * 1_000_003 + table * 10_007 + r0 * 31 + c0)
-                shard.tensor.uniform_(-bound, bound, generator=g)
+                (r0, c0), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                device = shard.tensor.device
+                for first in range(r0 // block_rows * block_rows, r0 + n, block_rows):
+                    g = torch.Generator(device=device)
+                    g.manual_seed(seed * 1_000_003 + table * 10_007 + first // block_rows)
+                    block = torch.rand(block_rows, width, generator=g, device=device) * (2 * bound) - bound
+                    lo, hi = max(first, r0), min(first + block_rows, r0 + n)
+                    shard.tensor[lo - r0 : hi - r0].copy_(block[lo - first : hi - first, c0 : c0 + m])
+
+
+def plan_summary(dmp) -> Dict[str, int]:
+    """How many tables each (sharding type, kernel) holds."""
+    counts: Dict[str, int] = {}
+    for module_plan in dmp.plan.plan.values():
+        for sharding in module_plan.values():
+            key = f"{sharding.sharding_type}/{sharding.compute_kernel}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def make_batches(cfg: TrainConfig, rank: int, distinct: int) -> List[Any]:
@@ -214,7 +230,7 @@ def stream_summary(trace_path: str) -> Dict[str, Any]:
     return {"busy_ms_per_stream": busy, "overlap_ms": overlap / 1e3, "window_ms": window}
 
 
-def trace_mode(runner, batches: List[Any], steps: int, device: torch.device, path: str) -> Dict[str, Any]:
+def trace_mode(runner, batches: List[Any], steps: int, device: torch.device, path: str, keep: bool) -> Dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     iterator = itertools.cycle(batches)
@@ -227,11 +243,14 @@ def trace_mode(runner, batches: List[Any], steps: int, device: torch.device, pat
         torch.cuda.synchronize(device)
     prof.export_chrome_trace(path)
     summary = stream_summary(path)
+    if not keep:
+        os.remove(path)
     summary["steps"] = steps
     return summary
 
 
-RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "sparse_only": SparseOnly, "dense_only": DenseOnly}
+RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "plain2": PlainLoop, "sparse_only": SparseOnly,
+                                          "dense_only": DenseOnly}
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
@@ -250,6 +269,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 cfg = make_config(balance, backend, args.batch_size, args.rows * world_size, args.dim, args.zipf)
                 if batches is None:
                     batches = make_batches(cfg, rank, args.distinct_batches)
+                torch.manual_seed(cfg.data.seed)  # one-time costs (kernel compiles) before any timing
+                dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
+                results.setdefault("plans", {})[f"{balance}/{backend}"] = plan_summary(dmp)
+                time_mode(PlainLoop(dmp, optimizer, device), batches, args.warmup, 2, device)
+                del dmp, optimizer
+                gc.collect()
                 for mode in args.modes.split(","):
                     torch.manual_seed(cfg.data.seed)  # the same dense weights for every mode
                     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
@@ -262,7 +287,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                     if args.trace and balance == "balanced" and mode in ("stale1", "sparsedist"):
                         path = os.path.join(args.out, f"trace_{backend}_{mode}_rank{rank}.json")
                         runner = make_pipeline(mode, *build_model(cfg, device, world_size, init=device_init), device)
-                        results["runs"][key]["trace"] = trace_mode(runner, batches, 5, device, path)
+                        results["runs"][key]["trace"] = trace_mode(runner, batches, 5, device, path, args.keep_traces)
                     if rank == 0:
                         print(f"{key}: {results['runs'][key]['ms']:.3f} ms/step", flush=True)
                     del dmp, optimizer, runner
@@ -341,7 +366,9 @@ def report(results: Dict[str, Any]) -> str:
         lines.append("| " + " | ".join(group.split("/")) + " | " + " | ".join(cells) +
                      f" | {s.get('bound_ms', float('nan')):.2f} | {s.get('stale1_over_bound', float('nan')):.2f} | "
                      f"{s.get('sparsedist_over_stale1', float('nan')):.2f} | {rate or float('nan'):.0f} |")  # fmt: skip
-    lines += ["", "Loss agreement (same semantics, same weights and batches):", ""]
+    lines += ["", "Plans: " + "; ".join(f"{k}: {v}" for k, v in results.get("plans", {}).items())]
+    lines += ["", "Loss agreement, largest difference over all steps (same semantics, same weights and batches; "
+              "plain2 vs plain is the run-to-run noise floor):", ""]
     for group in groups:
         diffs = {k: f"{v:.2e}" for k, v in results["summary"].get(group, {}).items() if k.startswith("loss_diff")}
         lines.append(f"- {group}: {diffs}")
@@ -367,6 +394,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--distinct-batches", type=int, default=4)
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--keep-traces", action="store_true", help="keep the Chrome traces, not only their summary")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)

@@ -7,29 +7,31 @@ returns ``(loss, output)``:
 
 - ``k = 0``: a plain loop (input all-to-all, lookup, output all-to-all, dense forward,
   backward with the fused table update, dense optimizer step), batch after batch: the
-  same results, bit for bit, with the next batch's host-to-device copy and input
-  all-to-all overlapping the current step (as TorchRec's ``TrainPipelineSparseDist``).
+  same results, bit for bit, with the next batch's host-to-device copy overlapping the
+  current step (TorchRec's ``TrainPipelineSparseDist`` overlaps its input all-to-all too).
 - ``k >= 1``: the lookups (and output all-to-alls) of batches i+1 .. i+k are issued before
   batch i trains, so batch j's lookup sees the tables as they were after j - k updates
   (the semantics of TorchRec's ``TrainPipelineSemiSync`` for k = 1, generalized). Each
   batch's fused update still runs inside its own ``loss.backward()``.
 
-Streams (CUDA; on CPU everything runs in program order): the data stream copies a batch
-to the device and runs its input all-to-all one step ahead; the sparse stream runs every
-lookup and output all-to-all, and so (autograd runs a backward op on its forward's
-stream) every fused table update, in program order: a lookup never races an update. The
-dense forward and backward run on the current stream, which waits for its batch's lookup
-by an event only, so they overlap the lookups of later batches (k >= 1) and the next
-batch's copy and input all-to-all. Tensors crossing streams are ``record_stream``-ed.
+Streams (CUDA; on CPU everything runs in program order): the data stream copies the next
+batch to the device during a step, and runs a batch's input all-to-all just before its
+lookups; the sparse stream runs every lookup and output all-to-all, and so (autograd runs a
+backward op on its forward's stream) every fused table update, in program order: a lookup
+never races an update. The dense forward and backward run on the current stream, which
+waits for its batch's lookups by an event only, so with k >= 1 they overlap the fused
+update of the previous batch and the lookups of the next ones. Tensors crossing streams
+are ``record_stream``-ed. Where the input all-to-all runs matters: its splits need a host
+sync that waits for every collective queued before it; just before the lookups that is
+the previous step's backward, so the host is never held by this step's sparse work.
 
 The batches drawn but not yet trained are in flight: ``drain()`` trains them (call it
 before a checkpoint or an evaluation); the end of the data drains them too, then
 ``progress`` raises ``StopIteration`` on every call until given a new iterator. One more
-batch is drawn (and its input all-to-all started) during each step, after the dense forward; it is not looked up
-until its turn, so ``drain()`` keeps it for the next ``progress`` and ``detach()`` gives it
-back to be drawn again. A dataloader that raises leaves nothing half done: drawing
-precedes all work on a batch; an error raised by the draw after a step is raised by the
-next ``progress`` call, so the step's output is not lost.
+batch is drawn and copied during each step; it is not looked up until its turn, so
+``drain()`` keeps it for the next ``progress`` and ``detach()`` gives it back to be drawn
+again. A dataloader that raises leaves nothing half done: drawing precedes all work on a
+batch, and the batches in flight wait for the next ``progress`` or ``drain()``.
 
 ``dense_grad_lag=True`` steps the dense optimizer one batch behind (TorchRec's
 ``stash_gradients``), applying the last gradients when the pipeline empties.
@@ -39,7 +41,7 @@ next ``progress`` call, so the step's output is not lost.
 
 import contextlib
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional
 
 import torch
 
@@ -85,11 +87,15 @@ def _record(value: Any, stream: Optional[torch.cuda.Stream]) -> None:
 
 
 class _Staged:
-    """A drawn batch: on the device, its input all-to-all started (``ready`` once done)."""
+    """A drawn batch: copied to the device, then its input all-to-all (``features``, with
+    the data stream's event ``ready``), then its lookups (the sparse stream's event
+    ``looked_up``)."""
 
-    def __init__(self, raw: Any, batch: Any, context: Any, features: Dict[str, Any], ready: Any) -> None:
-        self.raw, self.batch, self.context, self.features, self.ready = raw, batch, context, features, ready
-        self.looked_up: Any = None  # the sparse stream's event once its lookups are issued
+    def __init__(self, raw: Any, batch: Any, context: Any) -> None:
+        self.raw, self.batch, self.context = raw, batch, context
+        self.features: Dict[str, Any] = {}
+        self.ready: Any = None
+        self.looked_up: Any = None
 
 
 class _InFlightForward(EmbeddingPipelinedForward):
@@ -121,9 +127,8 @@ class StalenessTrainPipeline(TrainPipeline):
         self._dense_grad_lag = bool(dense_grad_lag)
         self._stash: Optional[List[Optional[torch.Tensor]]] = None
         self._in_flight: Deque[_Staged] = deque()
-        self._staged: Deque[_Staged] = deque()
+        self._copied: Deque[_Staged] = deque()  # drawn, copy to the device started
         self._pending: Deque[Any] = deque()  # batches given back by detach(), drawn first
-        self._deferred_error: Optional[BaseException] = None
         self._modules: Optional[List[torch.nn.Module]] = None
         self._original_forwards: List[Any] = []
         self._original_dist_forwards: List[Any] = []
@@ -140,30 +145,30 @@ class StalenessTrainPipeline(TrainPipeline):
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """Trains the oldest batch in flight, after looking up batches until ``staleness +
-        1`` are in flight; then draws the next batch and starts its input all-to-all.
-        Returns the trained batch's output."""
+        1`` are in flight (each after its input all-to-all); first copies the next batch to
+        the device, so that the copy overlaps this step. Returns the trained batch's output."""
         self._check_training()
-        if self._deferred_error is not None:
-            error, self._deferred_error = self._deferred_error, None
-            raise error
         if dataloader_iter is not self._iterator:
             self._iterator, self._exhausted = dataloader_iter, False
         while len(self._in_flight) <= self._staleness:
-            if not self._staged:
-                raw = self._draw(dataloader_iter)
-                if raw is None:
-                    break
-                self._staged.append(self._stage(raw))
-            self._look_up(self._staged.popleft())
+            staged = self._copied.popleft() if self._copied else self._copy(self._draw(dataloader_iter))
+            if staged is None:
+                break
+            self._input_dist(staged)
+            self._look_up(staged)
         if not self._in_flight:
             self._apply_stash()
             raise StopIteration
-        return self._train_oldest(after_forward=lambda: self._stage_ahead(dataloader_iter))
+        if not self._copied:  # a raising loader leaves the batches in flight for the next call
+            copied = self._copy(self._draw(dataloader_iter))
+            if copied is not None:
+                self._copied.append(copied)
+        return self._train_oldest()
 
     def drain(self) -> List[Any]:
         """Trains every batch in flight (before a checkpoint or an evaluation, so that no
         lookup computed on older tables is left); returns their outputs in order. A batch
-        drawn but not looked up stays for the next ``progress``."""
+        drawn and copied but not looked up stays for the next ``progress``."""
         outputs = []
         while self._in_flight:
             outputs.append(self._train_oldest())
@@ -177,8 +182,8 @@ class StalenessTrainPipeline(TrainPipeline):
         pipeline); the next ``progress`` rewrites it again, drawing first the batches that
         were drawn but not looked up."""
         self.drain()
-        while self._staged:
-            self._pending.appendleft(self._staged.pop().raw)
+        while self._copied:
+            self._pending.appendleft(self._copied.pop().raw)
         if self._modules is not None:
             _pipeline_detach_model(
                 model=self._model, pipelined_modules=self._modules, original_forwards=self._original_forwards,
@@ -186,20 +191,6 @@ class StalenessTrainPipeline(TrainPipeline):
             )  # fmt: skip
             self._modules = None
         return self._model
-
-    def _stage_ahead(self, dataloader_iter: Iterator[Any]) -> None:
-        """Draws and stages the next batch, between the dense forward and backward of the
-        step (as TorchRec's SparseDist): the input all-to-all's host sync then waits for the
-        lookups queued before it, while the current stream runs the forward."""
-        if self._staged:
-            return
-        try:
-            raw = self._draw(dataloader_iter)
-        except Exception as error:  # raised by the next call: this step's output is returned
-            self._deferred_error = error
-            return
-        if raw is not None:
-            self._staged.append(self._stage(raw))
 
     def _draw(self, dataloader_iter: Iterator[Any]) -> Any:
         """The next batch (given-back ones first), or None at the end of the data."""
@@ -213,13 +204,22 @@ class StalenessTrainPipeline(TrainPipeline):
             self._exhausted = True
             return None
 
-    def _stage(self, raw: Any) -> _Staged:
-        """On the data stream: copies ``raw`` to the device and runs its input all-to-all
-        (splits, then tensors)."""
-        context = EmbeddingTrainPipelineContext(index=self._drawn, version=1)
-        self._drawn += 1
+    def _copy(self, raw: Any) -> Optional[_Staged]:
+        """Starts copying ``raw`` to the device on the data stream (no host sync)."""
+        if raw is None:
+            return None
         with _on(self._data_stream):
             batch = raw.to(self._device, non_blocking=True) if hasattr(raw, "to") else raw
+        context = EmbeddingTrainPipelineContext(index=self._drawn, version=1)
+        self._drawn += 1
+        return _Staged(raw, batch, context)
+
+    def _input_dist(self, staged: _Staged) -> None:
+        """On the data stream: the input all-to-all (splits, then tensors) of ``staged``.
+        The splits' host sync waits for the collectives queued before it: called just
+        before the lookups, that is the previous step's backward, not this step's."""
+        context, batch = staged.context, staged.batch
+        with _on(self._data_stream):
             first = self._modules is None
             if first:
                 self._modules = self._rewrite(batch, context)
@@ -229,12 +229,11 @@ class StalenessTrainPipeline(TrainPipeline):
             for names, awaitable in context.fused_splits_awaitables:
                 for name, request in zip(names, awaitable.wait()):
                     context.input_dist_tensors_requests[name] = request
-            features = {name: request.wait() for name, request in context.input_dist_tensors_requests.items()}
+            staged.features = {name: r.wait() for name, r in context.input_dist_tensors_requests.items()}
             context.input_dist_tensors_requests.clear()
-            ready = torch.cuda.Event() if self._data_stream is not None else None
-            if ready is not None:
-                ready.record(self._data_stream)
-        return _Staged(raw, batch, context, features, ready)
+            if self._data_stream is not None:
+                staged.ready = torch.cuda.Event()
+                staged.ready.record(self._data_stream)
 
     def _look_up(self, staged: _Staged) -> None:
         """On the sparse stream: the lookups and output all-to-alls of ``staged``."""
@@ -264,7 +263,7 @@ class StalenessTrainPipeline(TrainPipeline):
                 "flight were looked up for training), then model.train() to go on training"
             )
 
-    def _train_oldest(self, after_forward: Optional[Callable[[], None]] = None) -> Any:
+    def _train_oldest(self) -> Any:
         self._check_training()
         staged = self._in_flight.popleft()
         if staged.looked_up is not None:
@@ -276,8 +275,6 @@ class StalenessTrainPipeline(TrainPipeline):
             module.forward.set_context(staged.context)
         self._optimizer.zero_grad()
         loss, output = self._model(staged.batch)
-        if after_forward is not None:
-            after_forward()
         loss.backward()
         if self._dense_grad_lag:
             self._step_one_behind()

@@ -33,6 +33,13 @@ batch is drawn and copied during each step; it is not looked up until its turn, 
 again. A dataloader that raises leaves nothing half done: drawing precedes all work on a
 batch, and the batches in flight wait for the next ``progress`` or ``drain()``.
 
+The dense backward and the lookups' backward (the fused update) are two backward calls:
+the model's output for a batch reaches its lookups through detached copies of their values
+(TorchRec's SemiSync does the same), whose gradients then drive the lookups' backward on
+the sparse stream. One ``loss.backward()`` through both would make the current stream wait
+for the update at its end, serializing it with the next dense step. So dense parameters
+must not get gradients through the lookups (feature processors' weights would not).
+
 ``dense_grad_lag=True`` steps the dense optimizer one batch behind (TorchRec's
 ``stash_gradients``), applying the last gradients when the pipeline empties.
 
@@ -84,6 +91,24 @@ def _record(value: Any, stream: Optional[torch.cuda.Stream]) -> None:
             value.record_stream(stream)
     elif hasattr(value, "record_stream"):
         value.record_stream(stream)
+
+
+def _detach_lookups(results: Dict[str, Any]) -> Any:
+    """Swaps the lookup results' values (KeyedTensor for an EBC, JaggedTensors for an EC)
+    for detached leaves that collect the dense backward's gradient; returns the original
+    values and the leaves, for ``_sparse_backward``."""
+    lookups, leaves = [], []
+    for result in results.values():
+        holders = result.values() if isinstance(result, dict) else [result]
+        for holder in holders:
+            values = holder._values
+            if not values.requires_grad:
+                continue
+            leaf = values.detach().requires_grad_()
+            holder._values = leaf
+            lookups.append(values)
+            leaves.append(leaf)
+    return lookups, leaves
 
 
 class _Staged:
@@ -273,14 +298,34 @@ class StalenessTrainPipeline(TrainPipeline):
             _record(staged.context.embedding_a2a_requests, current)
         for module in self._modules:
             module.forward.set_context(staged.context)
+        lookups, leaves = _detach_lookups(staged.context.embedding_a2a_requests)
         self._optimizer.zero_grad()
         loss, output = self._model(staged.batch)
         loss.backward()
+        self._sparse_backward(lookups, leaves)
         if self._dense_grad_lag:
             self._step_one_behind()
         else:
             self._optimizer.step()
         return output
+
+    def _sparse_backward(self, lookups: List[torch.Tensor], leaves: List[torch.Tensor]) -> None:
+        """The lookups' backward (output all-to-all backward, fused table update) from the
+        gradients the dense backward left on their detached copies, issued on the sparse
+        stream. A separate backward call: ``loss.backward()`` makes the calling stream wait
+        for every stream its backward used, which would hold the next dense step until the
+        table update is done; this one only makes the sparse stream wait for the dense
+        backward."""
+        pairs = [(lookup, leaf.grad) for lookup, leaf in zip(lookups, leaves) if leaf.grad is not None]
+        if not pairs:
+            return
+        stream = self._sparse_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self._device))
+            for _, grad in pairs:
+                grad.record_stream(stream)
+        with _on(stream):
+            torch.autograd.backward([lookup for lookup, _ in pairs], [grad for _, grad in pairs])
 
     def _dense_parameters(self) -> List[torch.nn.Parameter]:
         return [p for group in self._optimizer.param_groups for p in group["params"]]

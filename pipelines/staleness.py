@@ -7,31 +7,30 @@ returns ``(loss, output)``:
 
 - ``k = 0``: a plain loop (input all-to-all, lookup, output all-to-all, dense forward,
   backward with the fused table update, dense optimizer step), batch after batch: the
-  same results, bit for bit, with the next batch's host-to-device copy overlapping the
-  current step (TorchRec's ``TrainPipelineSparseDist`` overlaps its input all-to-all too).
+  same results, bit for bit, with the next batch's copy and input all-to-all overlapping
+  the current step (as TorchRec's ``TrainPipelineSparseDist``).
 - ``k >= 1``: the lookups (and output all-to-alls) of batches i+1 .. i+k are issued before
   batch i trains, so batch j's lookup sees the tables as they were after j - k updates
-  (the semantics of TorchRec's ``TrainPipelineSemiSync`` for k = 1, generalized). Each
-  batch's fused update still runs inside its own ``loss.backward()``.
+  (the semantics of TorchRec's ``TrainPipelineSemiSync`` for k = 1, generalized).
 
-Streams (CUDA; on CPU everything runs in program order): the data stream copies the next
-batch to the device during a step, and runs a batch's input all-to-all just before its
-lookups; the sparse stream runs every lookup and output all-to-all, and so (autograd runs a
-backward op on its forward's stream) every fused table update, in program order: a lookup
-never races an update. The dense forward and backward run on the current stream, which
-waits for its batch's lookups by an event only, so with k >= 1 they overlap the fused
-update of the previous batch and the lookups of the next ones. Tensors crossing streams
-are ``record_stream``-ed. Where the input all-to-all runs matters: its splits need a host
-sync that waits for every collective queued before it; just before the lookups that is
-the previous step's backward, so the host is never held by this step's sparse work.
+Streams (CUDA; on CPU everything runs in program order): the data stream copies a batch
+to the device and starts its input all-to-all one step before its lookups; the sparse
+stream runs every lookup and output all-to-all, and every fused table update, in program
+order: a lookup never races an update. The dense forward and backward run on the current
+stream, which waits for its batch's lookups by an event only, so with k >= 1 they overlap
+the fused update of the previous batch and the lookups of the next ones. Tensors crossing
+streams are ``record_stream``-ed. The input all-to-all needs a host sync on its splits,
+which waits for every collective queued before them: the splits are exchanged a step
+before they are needed, so the sync finds them done and the host runs ahead.
 
 The batches drawn but not yet trained are in flight: ``drain()`` trains them (call it
 before a checkpoint or an evaluation); the end of the data drains them too, then
-``progress`` raises ``StopIteration`` on every call until given a new iterator. One more
-batch is drawn and copied during each step; it is not looked up until its turn, so
-``drain()`` keeps it for the next ``progress`` and ``detach()`` gives it back to be drawn
-again. A dataloader that raises leaves nothing half done: drawing precedes all work on a
-batch, and the batches in flight wait for the next ``progress`` or ``drain()``.
+``progress`` raises ``StopIteration`` on every call until given a new iterator. One batch
+more than the lookups need is drawn, copied and its input all-to-all started; it is not
+looked up until its turn, so ``drain()`` keeps it for the next ``progress`` and
+``detach()`` gives it back to be drawn again. A dataloader that raises leaves nothing half
+done: drawing precedes all work on a batch; the error is raised once the step that was
+under way has trained (at the next call), so no output is lost.
 
 The dense backward and the lookups' backward (the fused update) are two backward calls:
 the model's output for a batch reaches its lookups through detached copies of their values
@@ -152,8 +151,9 @@ class StalenessTrainPipeline(TrainPipeline):
         self._dense_grad_lag = bool(dense_grad_lag)
         self._stash: Optional[List[Optional[torch.Tensor]]] = None
         self._in_flight: Deque[_Staged] = deque()
-        self._copied: Deque[_Staged] = deque()  # drawn, copy to the device started
+        self._started: Deque[_Staged] = deque()  # drawn; copy and input all-to-all started
         self._pending: Deque[Any] = deque()  # batches given back by detach(), drawn first
+        self._loader_error: Optional[BaseException] = None
         self._modules: Optional[List[torch.nn.Module]] = None
         self._original_forwards: List[Any] = []
         self._original_dist_forwards: List[Any] = []
@@ -170,30 +170,37 @@ class StalenessTrainPipeline(TrainPipeline):
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """Trains the oldest batch in flight, after looking up batches until ``staleness +
-        1`` are in flight (each after its input all-to-all); first copies the next batch to
-        the device, so that the copy overlaps this step. Returns the trained batch's output."""
+        1`` are in flight. Before the lookups it draws one batch more than they need and
+        starts its copy and input all-to-all, to be finished a step later. Returns the
+        trained batch's output."""
         self._check_training()
+        self._raise_loader_error()
         if dataloader_iter is not self._iterator:
             self._iterator, self._exhausted = dataloader_iter, False
-        while len(self._in_flight) <= self._staleness:
-            staged = self._copied.popleft() if self._copied else self._copy(self._draw(dataloader_iter))
-            if staged is None:
+        wanted = self._staleness + 1 - len(self._in_flight)  # lookups to issue now
+        while len(self._started) < wanted + 1:
+            try:
+                raw = self._draw(dataloader_iter)
+            except Exception as error:  # raised after this step, or now if nothing is left to train
+                self._loader_error = error
                 break
-            self._input_dist(staged)
+            if raw is None:
+                break
+            self._started.append(self._start(raw))
+        while len(self._in_flight) <= self._staleness and self._started:
+            staged = self._started.popleft()
+            self._finish_input_dist(staged)
             self._look_up(staged)
         if not self._in_flight:
+            self._raise_loader_error()
             self._apply_stash()
             raise StopIteration
-        if not self._copied:  # a raising loader leaves the batches in flight for the next call
-            copied = self._copy(self._draw(dataloader_iter))
-            if copied is not None:
-                self._copied.append(copied)
         return self._train_oldest()
 
     def drain(self) -> List[Any]:
         """Trains every batch in flight (before a checkpoint or an evaluation, so that no
         lookup computed on older tables is left); returns their outputs in order. A batch
-        drawn and copied but not looked up stays for the next ``progress``."""
+        whose input all-to-all was started but not looked up stays for the next ``progress``."""
         outputs = []
         while self._in_flight:
             outputs.append(self._train_oldest())
@@ -205,10 +212,13 @@ class StalenessTrainPipeline(TrainPipeline):
     def detach(self) -> torch.nn.Module:
         """Drains, then gives the model its own forwards back (for evaluation or another
         pipeline); the next ``progress`` rewrites it again, drawing first the batches that
-        were drawn but not looked up."""
+        were drawn but not looked up (their started input all-to-alls are finished, on every
+        rank alike, and dropped)."""
         self.drain()
-        while self._copied:
-            self._pending.appendleft(self._copied.pop().raw)
+        while self._started:
+            staged = self._started.pop()
+            self._finish_input_dist(staged)
+            self._pending.appendleft(staged.raw)
         if self._modules is not None:
             _pipeline_detach_model(
                 model=self._model, pipelined_modules=self._modules, original_forwards=self._original_forwards,
@@ -216,6 +226,11 @@ class StalenessTrainPipeline(TrainPipeline):
             )  # fmt: skip
             self._modules = None
         return self._model
+
+    def _raise_loader_error(self) -> None:
+        if self._loader_error is not None:
+            error, self._loader_error = self._loader_error, None
+            raise error
 
     def _draw(self, dataloader_iter: Iterator[Any]) -> Any:
         """The next batch (given-back ones first), or None at the end of the data."""
@@ -229,28 +244,27 @@ class StalenessTrainPipeline(TrainPipeline):
             self._exhausted = True
             return None
 
-    def _copy(self, raw: Any) -> Optional[_Staged]:
-        """Starts copying ``raw`` to the device on the data stream (no host sync)."""
-        if raw is None:
-            return None
-        with _on(self._data_stream):
-            batch = raw.to(self._device, non_blocking=True) if hasattr(raw, "to") else raw
+    def _start(self, raw: Any) -> _Staged:
+        """On the data stream, with no host sync: copies ``raw`` to the device and starts
+        its input all-to-all (issues the splits exchange). ``_finish_input_dist`` waits for
+        it a step later, when the collectives queued before it are long done."""
         context = EmbeddingTrainPipelineContext(index=self._drawn, version=1)
         self._drawn += 1
-        return _Staged(raw, batch, context)
-
-    def _input_dist(self, staged: _Staged) -> None:
-        """On the data stream: the input all-to-all (splits, then tensors) of ``staged``.
-        The splits' host sync waits for the collectives queued before it: called just
-        before the lookups, that is the previous step's backward, not this step's."""
-        context, batch = staged.context, staged.batch
         with _on(self._data_stream):
+            batch = raw.to(self._device, non_blocking=True) if hasattr(raw, "to") else raw
             first = self._modules is None
             if first:
                 self._modules = self._rewrite(batch, context)
             _start_data_dist(self._modules, batch, context)
             if first:  # the modules' input dists exist now: fuse their splits all-to-alls
                 self._original_dist_forwards = _override_input_dist_forwards(self._modules)
+        return _Staged(raw, batch, context)
+
+    def _finish_input_dist(self, staged: _Staged) -> None:
+        """On the data stream: waits for the splits (a host sync), exchanges the tensors,
+        and records ``ready`` for the lookups."""
+        context = staged.context
+        with _on(self._data_stream):
             for names, awaitable in context.fused_splits_awaitables:
                 for name, request in zip(names, awaitable.wait()):
                     context.input_dist_tensors_requests[name] = request

@@ -1,6 +1,7 @@
 # One command per job on a fresh CPU machine:
 #   make test    create .venv, install the pinned CPU stack and the project, run the tests
 #   make train   the main job: DLRM on synthetic data, 2 processes, backend=triton (ARGS= overrides)
+#   make ab      the A/B report of the training app, fbgemm vs triton (ARGS= overrides)
 #   make bench   the A/B forward benchmark in its tiny CPU smoke mode
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-cpu-stack
 
-.PHONY: install test test-fast bench train clean
+.PHONY: install test test-fast bench train ab clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q tensordict "torchmetrics==1.0.3" tqdm pyre-extensions iopath
 	# The training app's configuration and launcher (the device stack has the same versions).
 	$(PIP) install -q hydra-core==1.3.2 omegaconf==2.3.0 torchx==0.7.0
+	# The app's TensorBoard events and the A/B report's plots.
+	$(PIP) install -q tensorboard==2.21.0 matplotlib==3.10.8
 	$(PIP) install -q -e ".[test]"
 	touch $(STAMP)
 
@@ -37,6 +40,10 @@ test-fast: $(STAMP)
 # (Triton's interpreter on CPU), 200 steps, AUC / log loss, checkpoints in ./checkpoints. Overrides: ARGS=...
 train: $(STAMP)
 	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.train backend=triton checkpoint=periodic $(ARGS)
+
+# The A/B report (backend=fbgemm vs backend=triton, same seed) on the tiny default: ab-report/report.md.
+ab: $(STAMP)
+	$(PY) scripts/ab.py --out ab-report -- steps=60 eval_every_steps=20 $(ARGS)
 
 bench: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m tbe_plugin.benchmarks.forward --smoke --out bench-out

@@ -185,12 +185,25 @@ class LoggingConfig:
     every_steps: int = 10
     """Log metrics every this many steps."""
     tensorboard: bool = False
-    """Write TensorBoard events (rank 0)."""
+    """Write TensorBoard events (rank 0) into ``tensorboard_dir``."""
+    tensorboard_dir: str = "tensorboard"
+    """Where TensorBoard events go (``tensorboard --logdir`` it)."""
     progress_bar: bool = True
     """Show a progress bar (rank 0)."""
+    metrics_file: Optional[str] = None
+    """JSON lines written by rank 0: every step's loss and time, each evaluation, the phase
+    times of the profiled steps, the final metrics (what the A/B report reads)."""
+    profile_steps: int = 0
+    """Profile this many steps (after ``profile_after`` steps) and report the time per phase:
+    TBE forward, TBE backward, all-to-all, dense and the rest."""
+    profile_after: int = 5
+    """Steps before the profiled ones (kernel compiles and warm-up stay out of them)."""
 
     def __post_init__(self) -> None:
         _require(self.every_steps >= 1, "logging.every_steps", "must be >= 1")
+        _require(self.profile_steps >= 0, "logging.profile_steps", "must be >= 0")
+        _require(self.profile_after >= 0, "logging.profile_after", "must be >= 0")
+        _require(bool(self.tensorboard_dir), "logging.tensorboard_dir", "must not be empty")
 
 
 @dataclasses.dataclass
@@ -216,11 +229,14 @@ class TrainConfig:
     steps: int = 200
     """Training steps (batches per rank)."""
     eval_batches: int = 8
-    """Batches per rank in the final evaluation (AUC, log loss)."""
+    """Batches per rank in each evaluation (AUC, log loss)."""
+    eval_every_steps: int = 0
+    """Evaluate every this many steps too (0: only at the end)."""
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "steps", "must be >= 1")
         _require(self.eval_batches >= 0, "eval_batches", "must be >= 0")
+        _require(self.eval_every_steps >= 0, "eval_every_steps", "must be >= 0")
         if isinstance(self.data, DataConfig) and self.data.source == "criteo":
             _require(self.tables.num_tables == 26, "tables.num_tables", "must be 26 with data.source=criteo")
             _require(self.model.dense_in_features == 13, "model.dense_in_features", "must be 13 with source=criteo")

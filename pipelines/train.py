@@ -20,6 +20,7 @@ import hydra
 import torch
 
 from pipelines.config import TrainConfig, register, validate
+from pipelines.metrics import MetricsLog, phase_times
 
 register()
 
@@ -57,14 +58,14 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
 
     from tbe_plugin.torchrec import get_sharders, make_planner
 
-    if cfg.tables.overrides:
-        raise NotImplementedError("tables.overrides: per-table optimizer settings are not wired into the app yet")
     tables = [
         EmbeddingBagConfig(name=f"t{i}", embedding_dim=cfg.tables.dim, num_embeddings=cfg.tables.rows,
                            feature_names=[f"f{i}"])  # fmt: skip
         for i in range(cfg.tables.num_tables)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    for table, settings in cfg.tables.overrides.items():
+        _override_table_optimizer(ebc.embedding_bags[table].weight, settings)
     arch = dict(
         embedding_bag_collection=ebc, dense_in_features=cfg.model.dense_in_features,
         dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
@@ -95,6 +96,14 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     dense = [p for name, p in dmp.named_parameters() if "embedding_bags" not in name]
     optimizer_class = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
     return dmp, optimizer_class[cfg.optimizer.dense](dense, lr=cfg.optimizer.dense_lr)
+
+
+def _override_table_optimizer(weight: torch.nn.Parameter, settings: Dict[str, Any]) -> None:
+    """Per-table fused-optimizer settings (FBGEMM's names), through the attributes TorchRec's
+    sharders read per parameter (those ``_apply_optimizer_in_backward`` sets): they override
+    the sharder's fused params for this table, which then gets a TBE group of its own."""
+    weight._optimizer_classes = [None]  # the optimizer stays the sharder's
+    weight._optimizer_kwargs = [dict(settings)]
 
 
 def init_tables(dmp, seed: int, bound: float, block_rows: int = 4096) -> None:
@@ -130,15 +139,16 @@ def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0)
     return iter(SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, num_batches, stream))
 
 
-def _set_learning_rates(cfg: TrainConfig, dmp, dense_optimizer, step: int) -> None:
-    """Linear warm-up over ``warmup_steps`` for both optimizers (``constant``: nothing)."""
+def _set_learning_rates(cfg: TrainConfig, dmp, dense_optimizer, step: int, sparse_base: List[float]) -> None:
+    """Linear warm-up over ``warmup_steps`` for both optimizers (``constant``: nothing); each
+    fused group's rate scales its own base (tables with overrides keep theirs)."""
     if cfg.optimizer.lr_schedule != "linear_warmup" or cfg.optimizer.warmup_steps == 0:
         return
     scale = min(1.0, (step + 1) / cfg.optimizer.warmup_steps)
     for group in dense_optimizer.param_groups:
         group["lr"] = cfg.optimizer.dense_lr * scale
-    for group in dmp.fused_optimizer.param_groups:
-        group["lr"] = cfg.optimizer.sparse_lr * scale
+    for group, base in zip(dmp.fused_optimizer.param_groups, sparse_base):
+        group["lr"] = base * scale
     dmp.fused_optimizer.step()  # applies the fused tables' new learning rate
 
 
@@ -250,6 +260,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     torch.manual_seed(cfg.data.seed)  # the dense layers' initial weights, the same on every rank and backend
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dmp, dense_optimizer = build_model(cfg, device, world_size)
+    sparse_base = [group["lr"] for group in dmp.fused_optimizer.param_groups]  # as configured, before any resume
     pipeline = StalenessTrainPipeline(
         dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag
     )
@@ -270,16 +281,47 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
 
         description = f"train {cfg.backend.name} k={cfg.pipeline.staleness}"
         progress = tqdm(initial=first_step, total=cfg.steps, desc=description)
+    log = MetricsLog(cfg.logging.metrics_file, cfg.logging.tensorboard_dir if cfg.logging.tensorboard else None,
+                     active=rank == 0)  # fmt: skip
+    log.record("config", backend=cfg.backend.name, staleness=cfg.pipeline.staleness, world_size=world_size,
+               batch_size=cfg.data.batch_size, steps=cfg.steps, device=device.type)  # fmt: skip
     losses, start = [], time.perf_counter()
-    step = first_step
+    step, profiler, profiled_ms, profiled_batches = first_step, None, [], 0
+
+    def trained(loss_value: float, step_ms: Optional[float]) -> None:
+        nonlocal profiled_batches
+        profiled_batches += profiler is not None
+        losses.append(loss_value)
+        rate = cfg.data.batch_size * world_size / (step_ms / 1e3) if step_ms else None
+        log.record("step", step, loss=loss_value, step_ms=step_ms, examples_per_s=rate)
+
+    def drain() -> None:  # the batches in flight, trained and logged (no step time of their own)
+        nonlocal step
+        for output in pipeline.drain():
+            step += 1
+            trained(output[0].item(), None)
+
     while step < cfg.steps:
-        _set_learning_rates(cfg, dmp, dense_optimizer, step)
+        _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
+        if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after:
+            profiler = _start_profiler(device)
+        began = time.perf_counter()
         try:
             loss, _, _ = pipeline.progress(batches)
         except StopIteration:
             break
         step += 1
-        losses.append(loss.item())
+        loss_value = loss.item()
+        step_ms = (time.perf_counter() - began) * 1e3
+        trained(loss_value, step_ms)
+        if profiler is not None:
+            profiled_ms.append(step_ms)
+            if len(profiled_ms) == cfg.logging.profile_steps:
+                profiler.stop()
+                log.record("phases", step, **phase_times(profiler.events(), profiled_batches,
+                                                         sorted(profiled_ms)[len(profiled_ms) // 2],
+                                                         device.type == "cuda"))  # fmt: skip
+                profiler = None
         if progress is not None:
             progress.update(1)
             if step % cfg.logging.every_steps == 1:
@@ -288,27 +330,45 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         if step == signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
         if preemption.agreed():
-            step += len(pipeline.drain())  # the batches already drawn
+            drain()  # the batches already drawn
             path = save_checkpoint(cfg, dmp, dense_optimizer, step) if cfg.checkpoint.dir else "(no checkpoint.dir)"
             if rank == 0:
                 print(f"[rank 0] pre-empted after step {step}: checkpoint {path}; exiting", flush=True)
+            log.close()
             return {"preempted_at": step, "checkpoint": path}
         if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-            step += len(pipeline.drain())
+            drain()
             save_checkpoint(cfg, dmp, dense_optimizer, step)
-    losses += [out[0].item() for out in pipeline.drain()]
+        if cfg.eval_every_steps and cfg.eval_batches and step % cfg.eval_every_steps == 0 and step < cfg.steps:
+            drain()
+            pipeline.detach()  # evaluation runs the model's own forwards; progress() re-attaches
+            log.record("eval", step, **evaluate(cfg, dmp, rank, device))
+    drain()
     pipeline.detach()  # the model's own forwards, for evaluation
     if progress is not None:
         progress.close()
     metrics = {"steps": first_step + len(losses), "first_loss": losses[0] if losses else None,
                "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
                "weights_checksum": weights_checksum(dmp)}  # fmt: skip
-    metrics.update(evaluate(cfg, dmp, rank, device) if cfg.eval_batches else {})
+    if cfg.eval_batches:
+        metrics.update(evaluate(cfg, dmp, rank, device))
+        log.record("eval", first_step + len(losses), auc=metrics["auc"], log_loss=metrics["log_loss"])
     if cfg.checkpoint.dir:
         metrics["checkpoint"] = save_checkpoint(cfg, dmp, dense_optimizer, first_step + len(losses))
+    log.record("final", first_step + len(losses), **metrics)
+    log.close()
     if rank == 0:
         print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
     return metrics
+
+
+def _start_profiler(device: torch.device):
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profiler = profile(activities=activities)
+    profiler.start()
+    return profiler
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -317,8 +377,6 @@ def main(raw_cfg: Any) -> None:
 
     cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
-    if cfg.logging.tensorboard:
-        raise NotImplementedError("logging.tensorboard: not wired into the app yet")
     _init_distributed()
     try:
         train(cfg)

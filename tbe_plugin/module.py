@@ -462,6 +462,10 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         return _FusedLookup.apply(self.placeholder_autograd_tensor, per_sample_weights, self, indices, offsets)
 
     def _lookup(self, indices, offsets, per_sample_weights):
+        with torch.profiler.record_function("tbe_plugin::lookup"):  # a profiler range: phase times
+            return self._forward_kernels(indices, offsets, per_sample_weights)
+
+    def _forward_kernels(self, indices, offsets, per_sample_weights):
         return tbe_forward(
             self.weights,
             self.feature_meta,
@@ -500,6 +504,10 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     @torch.no_grad()
     def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
         """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward)."""
+        with torch.profiler.record_function("tbe_plugin::fused_update"):
+            return self._fused_update_kernels(grad_output, indices, offsets, per_sample_weights, psw_requires_grad)
+
+    def _fused_update_kernels(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
         psw_grad = fused_update(
             grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
             self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,

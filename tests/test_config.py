@@ -66,6 +66,9 @@ def test_backend_is_one_key():
         ("data.source=criteo", "data.criteo_paths"),
         ("data=criteo", "data.criteo_paths"),
         ("data=criteo data.criteo_paths=[x.tsv]", "tables.num_tables"),  # Criteo has 26 features
+        ("logging.profile_steps=-1", "logging.profile_steps"),
+        ("eval_every_steps=-5", "eval_every_steps"),
+        ("logging.tensorboard_dir=''", "logging.tensorboard_dir"),
     ],
 )
 def test_bad_overrides_name_the_key(override, key):

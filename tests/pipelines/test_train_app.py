@@ -80,3 +80,13 @@ def test_torchx_component_runs_locally(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "[rank 0] metrics" in output and "SUCCEEDED" in output, output[-3000:]
+
+
+def test_per_table_optimizer_overrides(runs, tmp_path):
+    """``tables.overrides``: a table's own learning rate and eps (FBGEMM's names) reach both
+    backends' fused optimizers alike, and change the training."""
+    overrides = ["+tables.overrides.t1.learning_rate=0.5", "+tables.overrides.t2.eps=0.1"]
+    got = {b: metrics(run_app(tmp_path / b, f"backend={b}", *overrides)) for b in ("triton", "fbgemm")
+           if not (tmp_path / b).mkdir()}  # fmt: skip
+    assert abs(got["triton"]["weights_checksum"] - got["fbgemm"]["weights_checksum"]) < 1e-3, got
+    assert abs(got["triton"]["weights_checksum"] - runs["triton"]["weights_checksum"]) > 1e-2, (got, runs)

@@ -7,7 +7,8 @@ triton) it times, in one process on the same batches:
 - ``plain``: a loop of forward, backward, optimizer step;
 - ``sparsedist`` / ``semisync``: TorchRec's ``TrainPipelineSparseDist`` and
   ``TrainPipelineSemiSync`` (one step stale, ``start_batch=0``);
-- ``stale0`` / ``stale1`` / ``stale2``: ours (``StalenessTrainPipeline``);
+- ``stale0`` / ``stale1`` / ``stale2``: ours (``StalenessTrainPipeline``); ``stale1@66`` adds
+  ``tbe_max_sms=66`` (any k and count);
 - ``sparse_only``: host-to-device copy, sharded lookup and its backward with a fixed
   gradient; ``dense_only``: the model's step with the lookup replaced by a fixed tensor;
   so that ``max(sparse_only, dense_only)`` is the bound a perfect overlap reaches.
@@ -117,7 +118,9 @@ def make_pipeline(mode: str, dmp, optimizer, device: torch.device):
     if mode == "semisync":
         return TrainPipelineSemiSync(dmp, optimizer, device, **_kwargs_known(
             TrainPipelineSemiSync, execute_all_batches=True, start_batch=0, stash_gradients=False))
-    return StalenessTrainPipeline(dmp, optimizer, device, staleness=int(mode[len("stale"):]))  # fmt: skip
+    staleness, _, sms = mode[len("stale"):].partition("@")  # "stale1@66": k = 1, tbe_max_sms = 66
+    return StalenessTrainPipeline(dmp, optimizer, device, staleness=int(staleness),
+                                  tbe_max_sms=int(sms) if sms else None)  # fmt: skip
 
 
 class PlainLoop:
@@ -348,21 +351,23 @@ def summarize(results: Dict[str, Any]) -> None:
 
 def report(results: Dict[str, Any]) -> str:
     v = results["versions"]
+    ran = {k.rsplit("/", 1)[1] for k in results["runs"]}
+    modes = [m for m in MODES if m in ran] + sorted(ran - set(MODES))
     lines = [f"# Pipeline step time, world size {results['world_size']}", "",
              f"{v.get('device')}; torch {v.get('torch')}, triton {v.get('triton')}, torchrec {v.get('torchrec')}, "
              f"fbgemm_gpu {v.get('fbgemm-gpu', v.get('fbgemm-gpu-cpu'))}. DLRM, B={results['batch_size_per_rank']} per "
              f"rank, {results['rows']} rows per table per rank, D={results['dim']}, Zipf({results['zipf']}) ids, fp32, "
              f"rowwise Adagrad (fused) + dense Adagrad; ms per step = wall time of {results['steps']} steps after "
              f"{results['warmup']}, synchronized at both ends.", "",
-             "| balance | backend | " + " | ".join(MODES) + " | max(sparse, dense) | stale1 / bound | "
+             "| balance | backend | " + " | ".join(modes) + " | max(sparse, dense) | stale1 / bound | "
              "sparsedist / stale1 | examples/s stale1 |",
-             "|---" * (len(MODES) + 6) + "|"]  # fmt: skip
+             "|---" * (len(modes) + 6) + "|"]  # fmt: skip
     groups = sorted({k.rsplit("/", 1)[0] for k in results["runs"]})
     for group in groups:
-        runs = {m: results["runs"].get(f"{group}/{m}") for m in MODES}
+        runs = {m: results["runs"].get(f"{group}/{m}") for m in modes}
         s = results["summary"].get(group, {})
-        cells = [f"{runs[m]['ms']:.2f}" if runs[m] else "" for m in MODES]
-        rate = results["examples_per_step"] / runs["stale1"]["ms"] * 1e3 if runs["stale1"] else None
+        cells = [f"{runs[m]['ms']:.2f}" if runs[m] else "" for m in modes]
+        rate = results["examples_per_step"] / runs["stale1"]["ms"] * 1e3 if runs.get("stale1") else None
         lines.append("| " + " | ".join(group.split("/")) + " | " + " | ".join(cells) +
                      f" | {s.get('bound_ms', float('nan')):.2f} | {s.get('stale1_over_bound', float('nan')):.2f} | "
                      f"{s.get('sparsedist_over_stale1', float('nan')):.2f} | {rate or float('nan'):.0f} |")  # fmt: skip

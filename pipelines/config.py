@@ -134,11 +134,12 @@ class PipelineSettings:
     dense_grad_lag: bool = False
     """Step the dense optimizer one batch behind (TorchRec's ``stash_gradients``)."""
     tbe_max_sms: Optional[int] = None
-    """Cap on the SMs the embedding kernels occupy (not implemented yet: must stay null)."""
+    """Cap on the SMs the embedding lookups and updates occupy (CUDA green context; null: all)."""
 
     def __post_init__(self) -> None:
         _require(self.staleness >= 0, "pipeline.staleness", "must be >= 0")
-        _require(self.tbe_max_sms is None, "pipeline.tbe_max_sms", "not implemented yet; leave it null")
+        _require(self.tbe_max_sms is None or self.tbe_max_sms >= 1, "pipeline.tbe_max_sms",
+                 "must be >= 1 or null")  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -42,7 +42,9 @@ must not get gradients through the lookups (feature processors' weights would no
 ``dense_grad_lag=True`` steps the dense optimizer one batch behind (TorchRec's
 ``stash_gradients``), applying the last gradients when the pipeline empties.
 
-``tbe_max_sms`` is not implemented (it raises when asked). See DESIGN.md.
+``tbe_max_sms=n`` (CUDA) puts the sparse stream in a green context of n SMs, so that the
+lookups and updates co-run with the dense step's GEMMs instead of taking every SM. See
+DESIGN.md.
 """
 
 import contextlib
@@ -90,6 +92,30 @@ def _record(value: Any, stream: Optional[torch.cuda.Stream]) -> None:
             value.record_stream(stream)
     elif hasattr(value, "record_stream"):
         value.record_stream(stream)
+
+
+def _capped_stream(device: torch.device, max_sms: int) -> Any:
+    """A CUDA green context of ``max_sms`` SMs and a stream in it: the kernels on that stream
+    (lookups, output all-to-all glue, fused updates, of either backend) run on those SMs
+    only, leaving the rest to the dense step. The driver rounds the count to its SM
+    granularity; NCCL's kernels run on NCCL's streams, outside the cap."""
+    if device.type != "cuda":
+        raise ValueError(f"tbe_max_sms={max_sms}: SM caps are CUDA green contexts; this device is {device}")
+    from torch.cuda import green_contexts
+
+    if not getattr(green_contexts, "SUPPORTED", False):
+        raise RuntimeError(f"tbe_max_sms={max_sms}: this PyTorch ({torch.__version__}) has no CUDA green contexts")
+    available = torch.cuda.get_device_properties(device).multi_processor_count
+    if max_sms > available:
+        raise ValueError(f"tbe_max_sms={max_sms}: the device has {available} SMs")
+    context = green_contexts.GreenContext.create(num_sms=max_sms, device_id=device.index)
+    if hasattr(context, "Stream"):
+        return context, context.Stream()
+    context.set_context()  # older PyTorch: a stream created while the green context is current
+    try:
+        return context, torch.cuda.Stream(device)
+    finally:
+        context.pop_context()
 
 
 def _detach_lookups(results: Dict[str, Any]) -> Any:
@@ -142,8 +168,8 @@ class StalenessTrainPipeline(TrainPipeline):
     ) -> None:
         if not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"staleness must be an int >= 0, got {staleness!r}")
-        if tbe_max_sms is not None:
-            raise NotImplementedError("tbe_max_sms is not implemented yet (the lookups' kernels take every SM)")
+        if tbe_max_sms is not None and (not isinstance(tbe_max_sms, int) or tbe_max_sms < 1):
+            raise ValueError(f"tbe_max_sms must be an int >= 1 or None, got {tbe_max_sms!r}")
         self._model = model
         self._optimizer = optimizer
         self._device = torch.device(device)
@@ -162,7 +188,11 @@ class StalenessTrainPipeline(TrainPipeline):
         self._drawn = 0
         cuda = self._device.type == "cuda"
         self._data_stream = torch.cuda.Stream(self._device) if cuda else None
-        self._sparse_stream = torch.cuda.Stream(self._device) if cuda else None
+        self._green_context: Any = None
+        if tbe_max_sms is not None:
+            self._green_context, self._sparse_stream = _capped_stream(self._device, tbe_max_sms)
+        else:
+            self._sparse_stream = torch.cuda.Stream(self._device) if cuda else None
 
     @property
     def staleness(self) -> int:

@@ -262,7 +262,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     dmp, dense_optimizer = build_model(cfg, device, world_size)
     sparse_base = [group["lr"] for group in dmp.fused_optimizer.param_groups]  # as configured, before any resume
     pipeline = StalenessTrainPipeline(
-        dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag
+        dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag,
+        tbe_max_sms=cfg.pipeline.tbe_max_sms,
     )
     first_step = 0
     resume_from = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None

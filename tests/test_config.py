@@ -62,7 +62,7 @@ def test_backend_is_one_key():
         ("tables.dim=32", "model.dense_arch_layer_sizes"),  # the bottom MLP must end in tables.dim
         ("+tables.overrides.t9.learning_rate=0.1", "tables.overrides.t9"),
         ("sharding.sharding_types=[diagonal]", "sharding.sharding_types"),
-        ("pipeline.tbe_max_sms=8", "pipeline.tbe_max_sms"),
+        ("pipeline.tbe_max_sms=0", "pipeline.tbe_max_sms"),
         ("data.source=criteo", "data.criteo_paths"),
         ("data=criteo", "data.criteo_paths"),
         ("data=criteo data.criteo_paths=[x.tsv]", "tables.num_tables"),  # Criteo has 26 features

@@ -66,6 +66,16 @@ def test_on_cuda_the_streams_keep_the_semantics(gpu_results):
     assert max(r["pipe0~pipe1"][1] for r in gpu_results) > 1e-4, gpu_results
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_on_cuda_an_sm_cap_keeps_the_semantics(backend):
+    """``tbe_max_sms``: the sparse stream in a green context of 16 SMs, k = 1, against the
+    reference (Triton's kernels and FBGEMM's must both run there)."""
+    (r,) = run_distributed(workers.capped_worker, 1, backend, 16, backend="nccl")
+    assert "error" not in r, r
+    assert r["outputs"] <= GPU_TOL and r["state"] <= GPU_TOL, r
+
+
 def test_staleness_changes_results(results):
     """Not vacuous: lookups one update old train differently."""
     assert max(r["pipe0~pipe1"][1] for r in results) > 1e-4, results
@@ -97,8 +107,10 @@ def test_bad_settings_are_named():
 
     with pytest.raises(ValueError, match="staleness must be an int >= 0"):
         StalenessTrainPipeline(None, None, "cpu", staleness=-1)
-    with pytest.raises(NotImplementedError, match="tbe_max_sms"):
+    with pytest.raises(ValueError, match="tbe_max_sms=32: SM caps are CUDA green contexts"):
         StalenessTrainPipeline(None, None, "cpu", tbe_max_sms=32)
+    with pytest.raises(ValueError, match="tbe_max_sms must be an int >= 1"):
+        StalenessTrainPipeline(None, None, "cpu", tbe_max_sms=0)
 
 
 def test_tables_that_cannot_run_ahead_are_named():

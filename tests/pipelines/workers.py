@@ -285,3 +285,24 @@ def detach_worker(rank: int, world_size: int, backend: str) -> Dict[str, Any]:
         "after": len(trained_after),
         "state": differ(snapshot(dmp), snapshot(plain)),
     }
+
+
+def capped_worker(rank: int, world_size: int, backend: str, max_sms: int) -> Dict[str, Any]:
+    """k = 1 with the sparse stream in a green context of ``max_sms`` SMs, against the
+    reference: (outputs, state) differences, or the error the cap raised."""
+    from pipelines import StalenessTrainPipeline
+    from pipelines.reference import reference_train
+
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    host_batches = [make_batch(rank, s) for s in range(6)]
+    dmp, opt = make_trainee(backend, "table_wise", world_size, "cuda")
+    try:
+        pipeline = StalenessTrainPipeline(dmp, opt, device, staleness=1, tbe_max_sms=max_sms)
+        out = run_pipeline(pipeline, iter(host_batches))
+    except Exception as error:  # reported, asserted by the test
+        return {"error": f"{type(error).__name__}: {error}"}
+    state = snapshot(dmp)
+    ref_dmp, ref_opt = make_trainee(backend, "table_wise", world_size, "cuda")
+    ref = reference_train(ref_dmp, ref_opt, [b.to(device) for b in host_batches], 1)
+    return {"outputs": outputs_differ(out, ref), "state": differ(state, snapshot(ref_dmp))}

@@ -96,10 +96,15 @@ class DataConfig:
     """Seed of the synthetic generator (each rank adds its rank)."""
     criteo_paths: List[str] = dataclasses.field(default_factory=list)
     """TSV files for ``criteo``: label, 13 integer and 26 hexadecimal categorical columns."""
+    distinct_batches: int = 0
+    """``synthetic``: generate this many training batches and cycle through them (0: every
+    batch new). Large batches take the generator longer than a GPU step; cycling keeps
+    the measured step the model's."""
 
     def __post_init__(self) -> None:
         _require_choice(self.source, DATA_SOURCES, "data.source")
         _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        _require(self.distinct_batches >= 0, "data.distinct_batches", "must be >= 0")
         _require(self.source != "criteo" or bool(self.criteo_paths), "data.criteo_paths", "needed with source=criteo")
 
 

@@ -33,10 +33,17 @@ class SyntheticClickLog:
         self._rng = np.random.default_rng([data.seed, rank, stream])  # stream 1: held-out data
 
     def __iter__(self) -> Iterator[object]:
-        produced = 0
+        produced, cycle = 0, []
+        distinct = getattr(self.data, "distinct_batches", 0)
         while self.num_batches < 0 or produced < self.num_batches:
+            if distinct and len(cycle) == distinct:
+                batch = cycle[produced % distinct]
+            else:
+                batch = self.batch()
+                if distinct:
+                    cycle.append(batch)
             produced += 1
-            yield self.batch()
+            yield batch
 
     def _ids(self, table: int, count: int) -> np.ndarray:
         rows = self.tables.rows

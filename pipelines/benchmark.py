@@ -386,6 +386,29 @@ def report(results: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scaling_report(paths: List[str]) -> str:
+    """Weak scaling from result files of several world sizes (same balances, modes and
+    per-rank sizes): examples/s per (balance, backend, mode) and the efficiency of each
+    world size against the smallest, ``rate_N / (rate_1 * N / 1)``."""
+    results = sorted((json.load(open(p)) for p in paths), key=lambda r: r["world_size"])
+    base = results[0]
+    sizes = [r["world_size"] for r in results]
+    lines = ["# Weak scaling", "", f"Per rank: B={base['batch_size_per_rank']}, {base['rows']} rows per table; "
+             "examples/s = B x world size / step time; efficiency against world size "
+             f"{sizes[0]}.", "",
+             "| balance/backend/mode | " + " | ".join(f"ws{n} examples/s" for n in sizes) + " | " +
+             " | ".join(f"ws{n} efficiency" for n in sizes[1:]) + " |",
+             "|---" * (1 + len(sizes) + len(sizes) - 1) + "|"]  # fmt: skip
+    for key in sorted(base["runs"]):
+        if not all(key in r["runs"] for r in results):
+            continue
+        rates = [r["batch_size_per_rank"] * r["world_size"] / r["runs"][key]["ms"] * 1e3 for r in results]
+        efficiency = [rate / (rates[0] * n / sizes[0]) for rate, n in zip(rates[1:], sizes[1:])]
+        lines.append(f"| {key} | " + " | ".join(f"{x:.0f}" for x in rates) + " | " +
+                     " | ".join(f"{e:.2f}" for e in efficiency) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--balances", default=",".join(BALANCES))
@@ -401,7 +424,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--keep-traces", action="store_true", help="keep the Chrome traces, not only their summary")
     parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--scaling", nargs="+", metavar="JSON", help="only report weak scaling from these results")
     args = parser.parse_args(argv)
+    if args.scaling:
+        print(scaling_report(args.scaling), end="")
+        return
     logging.getLogger().setLevel(logging.ERROR)
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)
     run(args)

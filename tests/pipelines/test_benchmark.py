@@ -41,3 +41,21 @@ def test_tiny_run_on_cpu(tmp_path):
     assert results["summary"]["balanced/fbgemm"]["loss_diff_stale0_vs_plain"] == 0.0
     assert runs["balanced/fbgemm/stale1"]["losses"] != runs["balanced/fbgemm/plain"]["losses"]
     assert "| balanced | fbgemm |" in (out / "pipeline_ws1.md").read_text()
+
+
+def test_scaling_report_computes_efficiency(tmp_path):
+    from pipelines.benchmark import scaling_report
+
+    def result(world_size, ms):
+        return {"world_size": world_size, "batch_size_per_rank": 1000, "rows": 10,
+                "runs": {"balanced/triton/stale1": {"ms": ms}, "balanced/triton/plain": {"ms": 2 * ms}}}  # fmt: skip
+
+    paths = []
+    for world_size, ms in ((1, 10.0), (2, 12.5)):
+        path = tmp_path / f"ws{world_size}.json"
+        path.write_text(json.dumps(result(world_size, ms)))
+        paths.append(str(path))
+    text = scaling_report(paths[::-1])  # any order
+    # ws1: 1000 / 10 ms = 100000/s; ws2: 2000 / 12.5 ms = 160000/s; efficiency 160000 / 200000
+    assert "| balanced/triton/stale1 | 100000 | 160000 | 0.80 |" in text, text
+    assert "| balanced/triton/plain | 50000 | 80000 | 0.80 |" in text, text

@@ -13,9 +13,12 @@ No dense gradient is ever materialized. The backward of one batch:
    runs' output-gradient rows (the lane of a run's first id walks it; a chunk that one row
    fills reduces at once) and applies the optimizer to every run that starts in the
    chunk and ends in it or in the next one. For longer runs it writes the chunk's piece.
-4. ``_crossing_kernel``: each run longer than that (hot rows) adds its pieces SPAN chunks
-   at a time and applies the optimizer. A hot row never serializes a chunk, and its own
-   sum takes len / (CHUNK * SPAN) steps.
+4. ``_block_kernel``: per block of BLOCK_CHUNKS chunks that a run enters from before, the
+   sum of that run's pieces in the block, all blocks in parallel.
+5. ``_crossing_kernel``: each run longer than that (hot rows) adds its pieces up to the end
+   of its first block, then the sums of the blocks it enters, SPAN at a time, and applies
+   the optimizer. A hot row never serializes a chunk, and its own sum takes about
+   len / (CHUNK * BLOCK_CHUNKS * SPAN) + 2 * BLOCK_CHUNKS / SPAN steps, in a fixed order.
 
 The optimizer update itself (``optimizers.apply_update``) sees each touched row once
 per step with its exact aggregated gradient, as FBGEMM's exact optimizers do.
@@ -248,16 +251,49 @@ def _chunk_kernel(
 
 
 @triton.jit
+def _block_kernel(
+    sorted_rows_ptr, pieces_ptr, block_pieces_ptr, num_indices, sentinel,
+    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, BLOCK_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """For a block of BLOCK_CHUNKS chunks that a run enters (begun before it): the sum of
+    that run's pieces in the block, for ``_crossing_kernel`` (read for long runs only; other
+    blocks write zeros). The chunks holding the run are those whose first id is its row: a
+    prefix of the block, the ids being sorted."""
+    block = tl.program_id(0).to(tl.int64)
+    num_chunks = (num_indices + CHUNK - 1) // CHUNK
+    first_chunk = block * BLOCK_CHUNKS
+    end_chunk = tl.minimum(first_chunk + BLOCK_CHUNKS, num_chunks)
+    row = tl.load(sorted_rows_ptr + first_chunk * CHUNK)
+    before = tl.load(sorted_rows_ptr + first_chunk * CHUNK - 1, mask=first_chunk > 0, other=-1)
+    cols = tl.arange(0, BLOCK_D)
+    span = tl.arange(0, SPAN)
+    total = tl.zeros([BLOCK_D], dtype=tl.float32)
+    going_on = (before == row) & (row != sentinel)
+    next_chunk = first_chunk
+    while going_on:
+        ks = next_chunk + span
+        in_block = ks < end_chunk
+        member = in_block & (tl.load(sorted_rows_ptr + ks * CHUNK, mask=in_block, other=-1) == row)
+        piece = tl.load(pieces_ptr + ks[:, None] * 2 * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
+        total += tl.sum(piece, axis=0)
+        next_chunk += SPAN
+        going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (next_chunk < end_chunk)
+    tl.store(block_pieces_ptr + block * BLOCK_D + cols, total)
+
+
+@triton.jit
 def _crossing_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, weights_ptr, momentum1_ptr,
-    momentum2_ptr, pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    num_indices, sentinel,
+    momentum2_ptr, pieces_ptr, block_pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
+    seed, num_indices, sentinel,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, ALIGN: tl.constexpr,
-    CHUNKS_PER_PROGRAM: tl.constexpr,
+    CHUNKS_PER_PROGRAM: tl.constexpr, BLOCK_CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """Runs that begin in one chunk and go on past the next (CHUNKS_PER_PROGRAM chunks
-    looked at per program, most with none): add each run's pieces, then update its row."""
+    looked at per program, most with none): add each run's pieces up to the end of its
+    first block of BLOCK_CHUNKS chunks, then the blocks' sums (``_block_kernel``), SPAN at
+    a time; then update its row."""
     num_chunks = (num_indices + CHUNK - 1) // CHUNK
     chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
     exists = chunks < num_chunks
@@ -281,25 +317,34 @@ def _crossing_kernel(
         last = tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1
         row = tl.load(sorted_rows_ptr + last)
         total = tl.load(pieces_ptr + chunk * 2 * BLOCK_D + BLOCK_D + cols)
-        # The pieces that follow, SPAN chunks per step: chunk k belongs to the run while
-        # every chunk before it (from chunk + 1) hands the run on to the next chunk.
+        # The pieces that follow in this block, SPAN chunks per step: chunk k holds part of
+        # the run when its first id is the run's row (a prefix: the ids are sorted).
+        limit = tl.minimum((chunk // BLOCK_CHUNKS + 1) * BLOCK_CHUNKS, num_chunks)
         next_chunk = chunk + 1
-        going_on = row == row  # a tensor, as the loop reassigns it
+        going_on = next_chunk < limit
         while going_on:
             ks = next_chunk + span
-            k_exists = ks < num_chunks
-            ends = tl.minimum(ks * CHUNK + CHUNK, num_indices) - 1
-            tail_row = tl.load(sorted_rows_ptr + ends, mask=k_exists, other=-1)
-            beyond = tl.load(sorted_rows_ptr + ends + 1, mask=k_exists & (ends + 1 < num_indices), other=-1)
-            hands_on = k_exists & (tail_row == row) & (beyond == row)
-            stop = tl.min(tl.where(hands_on, SPAN, span), axis=0)  # last chunk of the run
-            member = k_exists & (span <= stop)
+            k_in = ks < limit
+            member = k_in & (tl.load(sorted_rows_ptr + ks * CHUNK, mask=k_in, other=-1) == row)
             piece = tl.load(
                 pieces_ptr + ks[:, None] * 2 * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0
             )
             total += tl.sum(piece, axis=0)
-            going_on = stop == SPAN
             next_chunk += SPAN
+            going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (next_chunk < limit)
+        # Then the blocks the run enters: each block's sum of the run's pieces, SPAN blocks
+        # per step, while the blocks start inside the run.
+        num_blocks = (num_chunks + BLOCK_CHUNKS - 1) // BLOCK_CHUNKS
+        next_block = chunk // BLOCK_CHUNKS + 1
+        going_on = next_block < num_blocks
+        while going_on:
+            bs = next_block + span
+            b_in = bs < num_blocks
+            member = b_in & (tl.load(sorted_rows_ptr + bs * BLOCK_CHUNKS * CHUNK, mask=b_in, other=-1) == row)
+            part = tl.load(block_pieces_ptr + bs[:, None] * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
+            total += tl.sum(part, axis=0)
+            next_block += SPAN
+            going_on = tl.min(member.to(tl.int32), axis=0) == 1
         w_start, dim, row_mask, w_ptrs = _row_operands(
             weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
         )
@@ -353,8 +398,9 @@ PIECES_BUDGET_BYTES = 2 << 30  # the crossing pieces' buffer, before chunks grow
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
-CROSSING_WARPS = 4
+CROSSING_WARPS = 8
 CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a crossing run's start per program
+CROSSING_BLOCK_CHUNKS = 256  # chunks per block of _block_kernel (a multiple of CROSSING_SPAN)
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
@@ -480,9 +526,16 @@ def backward_update(
         weights, m1, m2, pieces, step, *hyper, N, sentinel,
         SCALED=scaled, num_warps=chunk_warps, **modes,
     )  # fmt: skip
+    num_blocks = triton.cdiv(num_chunks, CROSSING_BLOCK_CHUNKS)
+    block_pieces = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
+    _block_kernel[(num_blocks,)](
+        sorted_rows, pieces, block_pieces, N, sentinel,
+        CHUNK=chunk, BLOCK_D=block_d, SPAN=CROSSING_SPAN, BLOCK_CHUNKS=CROSSING_BLOCK_CHUNKS,
+        num_warps=CROSSING_WARPS,
+    )  # fmt: skip
     _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
-        sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, pieces, step, *hyper, N, sentinel,
-        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, num_warps=CROSSING_WARPS,
-        **modes,
+        sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, pieces, block_pieces, step, *hyper, N,
+        sentinel, SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM,
+        BLOCK_CHUNKS=CROSSING_BLOCK_CHUNKS, num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

@@ -20,7 +20,7 @@ from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
-FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "pieces_ptr", "out_ptr",
+FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "pieces_ptr", "block_pieces_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
 INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr")
 
@@ -98,7 +98,11 @@ def variants():
                     OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
                     CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,
                     CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM,
+                    BLOCK_CHUNKS=backward.CROSSING_BLOCK_CHUNKS,
                 ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
+            yield backward._block_kernel, dict(
+                CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, BLOCK_CHUNKS=backward.CROSSING_BLOCK_CHUNKS,
+            ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)
     yield backward._positions_kernel, dict(

@@ -117,29 +117,33 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
-@pytest.mark.parametrize("span, per_program", [(16, 64), (2, 2)])
-def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program):
+@pytest.mark.parametrize("span, per_program, block_chunks", [(16, 64, 256), (2, 2, 256), (2, 2, 4), (4, 8, 3)])
+def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, block_chunks):
     """One row in most lookups: its run crosses dozens of 16-id chunks (with span 2, the
     crossing kernel needs several steps to collect them; with 2 chunks per program, its
-    programs meet runs that start in either chunk, or in neither)."""
+    programs meet runs that start in either chunk, or in neither; with blocks of 3 or 4
+    chunks, the run enters several blocks and is summed from the blocks' sums)."""
     from tbe_plugin.ops import embedding_backward
 
     monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
     monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", per_program)
+    monkeypatch.setattr(embedding_backward, "CROSSING_BLOCK_CHUNKS", block_chunks)
     monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", 16 * 32)  # 16 ids at BLOCK_D 32
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
 
 
-@pytest.mark.parametrize("chunk_ids", [2, 4, 8])
-def test_runs_across_chunk_edges(monkeypatch, chunk_ids):
+@pytest.mark.parametrize("chunk_ids, block_chunks", [(2, 2), (4, 256), (8, 5)])
+def test_runs_across_chunk_edges(monkeypatch, chunk_ids, block_chunks):
     """Tiny chunks against runs of every length: runs that end in the next chunk (summed
     by the chunk where they start), longer ones (pieces and the crossing kernel), chunks
-    inside one run, and runs starting at a chunk's first or last id."""
+    inside one run, runs starting at a chunk's first or last id, and (tiny blocks) runs
+    starting or ending at a block's edge."""
     from tbe_plugin.ops import embedding_backward
 
     monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", chunk_ids * 32)  # BLOCK_D is 32
     monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", 4)
+    monkeypatch.setattr(embedding_backward, "CROSSING_BLOCK_CHUNKS", block_chunks)
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, weighted=True, lr=0.05)
 

@@ -76,6 +76,16 @@ def test_on_cuda_an_sm_cap_keeps_the_semantics(backend):
     assert r["outputs"] <= GPU_TOL and r["state"] <= GPU_TOL, r
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_collection_model(backend):
+    """An EmbeddingCollection (unpooled lookups, JaggedTensor outputs) through the pipeline,
+    2 ranks row-wise: k = 0, 1, 2 equal their references, and training moved the tables."""
+    for r in run_distributed(workers.ec_staleness_worker, 2, backend):
+        for k in (0, 1, 2):
+            assert r[k] == (0.0, 0.0), (k, r)
+            assert r[f"moved{k}"] > 1e-4, r
+
+
 def test_staleness_changes_results(results):
     """Not vacuous: lookups one update old train differently."""
     assert max(r["pipe0~pipe1"][1] for r in results) > 1e-4, results

@@ -306,3 +306,67 @@ def capped_worker(rank: int, world_size: int, backend: str, max_sms: int) -> Dic
     ref_dmp, ref_opt = make_trainee(backend, "table_wise", world_size, "cuda")
     ref = reference_train(ref_dmp, ref_opt, [b.to(device) for b in host_batches], 1)
     return {"outputs": outputs_differ(out, ref), "state": differ(state, snapshot(ref_dmp))}
+
+
+class ECModel(torch.nn.Module):
+    """An EmbeddingCollection (one embedding per id) and a dense scale: the pipeline's
+    unpooled case."""
+
+    def __init__(self):
+        super().__init__()
+        from tests.torchrec.workers import make_ec
+
+        self.ec = make_ec()
+        self.scale = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, batch):
+        embeddings = self.ec(batch.sparse_features)
+        per_feature = torch.stack([(embeddings[f"f{t}"].values() ** 2).sum() for t in range(3)])  # fx-traceable
+        loss = self.scale * per_feature.sum() / 2 + (batch.dense_features.sum() * self.scale) ** 2
+        return loss, per_feature.detach()
+
+
+def ec_staleness_worker(rank: int, world_size: int, backend: str) -> Dict[str, Any]:
+    """An EmbeddingCollection model (row-wise) trained by the pipeline at k = 0, 1, 2 and by
+    the references: (outputs, state) differences per k."""
+    import copy
+
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from pipelines import StalenessTrainPipeline
+    from pipelines.reference import reference_train
+    from tbe_plugin.torchrec import get_sharders
+    from tests.torchrec.workers import UNPOOLED_TABLES, make_ec, unpooled_batch
+
+    torch.manual_seed(0)
+    full = {n: w.weight.detach().clone() for n, w in make_ec("cpu").embeddings.items()}
+    plan = sp.construct_module_sharding_plan(
+        make_ec(), {n: sp.row_wise() for n, *_ in UNPOOLED_TABLES}, local_size=world_size, world_size=world_size,
+        device_type="cpu",
+    )  # fmt: skip
+    batches = [Batch(dense_features=torch.full((1, 1), 0.1 * s), sparse_features=unpooled_batch(rank, s),
+                     labels=torch.zeros(1)) for s in range(5)]  # fmt: skip
+
+    def trainee():
+        backend_plan = copy.deepcopy(dict(plan))
+        for parameter_sharding in backend_plan.values():
+            parameter_sharding.compute_kernel = {"triton": "fused_triton", "fbgemm": "fused"}[backend]
+        dmp = DistributedModelParallel(
+            ECModel(), env=ShardingEnv.from_process_group(dist.group.WORLD),
+            plan=ShardingPlan({"ec": backend_plan}), device=torch.device("cpu"), sharders=get_sharders(backend),
+        )  # fmt: skip
+        set_from_full(dmp.module.ec, full)
+        return dmp, torch.optim.SGD([dmp.module.scale], lr=0.01)
+
+    results = {}
+    for k in (0, 1, 2):
+        dmp, opt = trainee()
+        out = run_pipeline(StalenessTrainPipeline(dmp, opt, torch.device("cpu"), staleness=k), iter(batches))
+        ref_dmp, ref_opt = trainee()
+        ref = reference_train(ref_dmp, ref_opt, batches, k)
+        results[k] = (outputs_differ(out, [r for r in ref]), differ(snapshot(dmp), snapshot(ref_dmp)))
+        results[f"moved{k}"] = differ(snapshot(dmp), snapshot(trainee()[0]))
+    return results

@@ -18,7 +18,7 @@ from torch import nn
 
 from tbe_plugin.ops.bounds import validate_forward_inputs
 from tbe_plugin.ops.optimizers import Optimizer, WeightDecay
-from tbe_plugin.ops.training import fused_update, merge_bounds_status_op, tbe_lookup_train_op
+from tbe_plugin.ops.training import fused_update, merge_bounds_status_op, register_live_state, tbe_lookup_train_op
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
@@ -268,6 +268,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         self._align = vector_alignment(self.table_dims, self.weights.element_size())
         # Autograd reaches the fused backward through this empty parameter, as in FBGEMM.
         self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.device))
+        self._live_handle = register_live_state(self)  # the compiled backward's way to the live state
         # Seed of stochastic rounding, advanced every step; a host tensor so that it is a
         # runtime value under torch.compile too (as is learning_rate_tensor).
         self.rounding_seed = torch.zeros((), dtype=torch.int64)
@@ -497,6 +498,11 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             self.hyper_tensor,
         )
 
+    def live_training_state(self) -> tuple:
+        """(weights, momentum1, momentum2, step, rounding seed) as they are now: what the
+        compiled backward updates (``ops.training.register_live_state``)."""
+        return (self.weights, *self._state_tensors(), self.rounding_seed)
+
     def _state_tensors(self) -> tuple:
         """(momentum1, momentum2, step): None where the optimizer has no such state."""
         return tuple(getattr(self, name, None) for name in ("momentum1", "momentum2", "iter"))
@@ -522,7 +528,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             self.placeholder_autograd_tensor, self.weights, *self._state_tensors(),
             self.rounding_seed, self.learning_rate_tensor, self.feature_meta, indices, offsets,
             per_sample_weights, self.feature_dims, pooling, int(self.bounds_check_mode),
-            self.output_dtype, align, total_rows, optimizer, decay, rounding, hyper,
+            self.output_dtype, align, total_rows, optimizer, decay, rounding, hyper, self._live_handle,
         )  # fmt: skip
         merge_bounds_status_op(self.bounds_check_status, status, int(self.bounds_check_mode))
         return out

@@ -277,3 +277,32 @@ def test_compiled_training_matches_eager(backend, optimizer):
         torch.testing.assert_close(psw_b.grad, psw_a.grad)
     for key, value in eager.state_dict().items():
         torch.testing.assert_close(compiled_emb.state_dict()[key], value, atol=1e-6, rtol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_backward_after_another_update(backend):
+    """A pipeline's order: two compiled lookups, then their backwards. The second backward
+    runs after the first one's update changed the tables (autograd's saved-tensor version
+    check would refuse it were the tables saved) and updates the live tables, as eager does."""
+
+    class Model(torch.nn.Module):
+        def __init__(self, emb):
+            super().__init__()
+            self.emb = emb
+
+        def forward(self, indices, offsets):
+            return (self.emb(indices, offsets) ** 2).sum()
+
+    eager, compiled_emb = (build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05) for _ in range(2))
+    compiled = torch.compile(Model(compiled_emb), fullgraph=True, backend=backend)
+    rows = [eager.table_rows[t] for t in eager.feature_table_map]
+    first, second = (make_bags(rows, B=4, max_len=5, seed=seed, hot_fraction=0.3) for seed in (1, 2))
+    losses = [Model(eager)(*first), Model(eager)(*second)]
+    for loss in losses:
+        loss.backward()
+    compiled_losses = [compiled(*first), compiled(*second)]
+    for loss in compiled_losses:
+        loss.backward()
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(compiled_emb.state_dict()[key], value, atol=1e-6, rtol=1e-6, msg=key)
+    assert (eager.weights - build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05).weights).abs().max() > 1e-4

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from pipelines.config import DataConfig, ModelConfig, OptimizerConfig, TablesConfig, TrainConfig
+from pipelines.config import DataConfig, ModelConfig, OptimizerConfig, ShardingConfig, TablesConfig, TrainConfig
 
 # Per balance: tables, pooling factor, dense MLP and over MLP. The costs they aim at
 # (H200, B=8192, fp32): sparse-heavy ~ lookup-bound, balanced ~ lookup ~ MLPs, dense-heavy
@@ -50,9 +50,14 @@ MODES = ("plain", "plain2", "sparsedist", "semisync", "stale0", "stale1", "stale
 SAME_SEMANTICS = {"plain2": "plain", "stale0": "plain", "stale1": "semisync"}
 
 
-def make_config(balance: str, backend: str, batch_size: int, rows: int, dim: int, zipf: float) -> TrainConfig:
+def make_config(
+    balance: str, backend: str, batch_size: int, rows: int, dim: int, zipf: float, sharding: str = "table_wise"
+) -> TrainConfig:
+    """The balance's DLRM; every table limited to ``sharding`` (empty: the planner's choice,
+    which reads free GPU memory and may change from one build to the next)."""
     b = BALANCES[balance]
     return TrainConfig(
+        sharding=ShardingConfig(sharding_types=[t for t in sharding.split(",") if t]),
         model=ModelConfig(name="dlrm", dense_in_features=13, dense_arch_layer_sizes=[*b["dense"][:-1], dim],
                           over_arch_layer_sizes=list(b["over"])),
         tables=TablesConfig(num_tables=b["num_tables"], rows=rows, dim=dim, pooling_factor=b["pooling_factor"],
@@ -269,7 +274,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         for balance in args.balances.split(","):
             batches = None
             for backend in args.backends.split(","):
-                cfg = make_config(balance, backend, args.batch_size, args.rows * world_size, args.dim, args.zipf)
+                cfg = make_config(balance, backend, args.batch_size, args.rows * world_size, args.dim, args.zipf,
+                                  args.sharding)  # fmt: skip
                 if batches is None:
                     batches = make_batches(cfg, rank, args.distinct_batches)
                 torch.manual_seed(cfg.data.seed)  # one-time costs (kernel compiles) before any timing
@@ -278,6 +284,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 time_mode(PlainLoop(dmp, optimizer, device), batches, args.warmup, 2, device)
                 del dmp, optimizer
                 gc.collect()
+                torch.cuda.empty_cache()
                 for mode in args.modes.split(","):
                     torch.manual_seed(cfg.data.seed)  # the same dense weights for every mode
                     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
@@ -287,6 +294,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                         runner = make_pipeline(mode, dmp, optimizer, device)
                     key = f"{balance}/{backend}/{mode}"
                     results["runs"][key] = time_mode(runner, batches, args.warmup, args.steps, device)
+                    results["runs"][key]["plan"] = plan_summary(dmp)
                     if args.trace and balance == "balanced" and mode in ("stale1", "sparsedist"):
                         path = os.path.join(args.out, f"trace_{backend}_{mode}_rank{rank}.json")
                         runner = make_pipeline(mode, *build_model(cfg, device, world_size, init=device_init), device)
@@ -372,6 +380,10 @@ def report(results: Dict[str, Any]) -> str:
                      f" | {s.get('bound_ms', float('nan')):.2f} | {s.get('stale1_over_bound', float('nan')):.2f} | "
                      f"{s.get('sparsedist_over_stale1', float('nan')):.2f} | {rate or float('nan'):.0f} |")  # fmt: skip
     lines += ["", "Plans: " + "; ".join(f"{k}: {v}" for k, v in results.get("plans", {}).items())]
+    differing = sorted(k for k, r in results["runs"].items()
+                       if "plan" in r and r["plan"] != results.get("plans", {}).get(k.rsplit("/", 1)[0]))  # fmt: skip
+    if differing:
+        lines += ["", f"Runs whose plan differs from their model's first: {differing}"]
     lines += ["", "Loss agreement, largest difference over all steps (same semantics, same weights and batches; "
               "plain2 vs plain is the run-to-run noise floor):", ""]
     for group in groups:
@@ -422,6 +434,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--distinct-batches", type=int, default=4)
+    parser.add_argument("--sharding", default="table_wise",
+                        help="sharding types allowed for every table, comma-separated ('' : the planner's choice)")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--keep-traces", action="store_true", help="keep the Chrome traces, not only their summary")
     parser.add_argument("--out", default="bench-out")

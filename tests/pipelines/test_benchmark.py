@@ -38,6 +38,7 @@ def test_tiny_run_on_cpu(tmp_path):
     assert sorted(runs) == sorted(f"balanced/fbgemm/{m}" for m in
                                   ("plain", "stale0", "stale1", "sparse_only", "dense_only"))  # fmt: skip
     assert all(r["ms"] > 0 and len(r["losses"]) == 3 for r in runs.values())
+    assert all(r["plan"] == {"table_wise/fused": 26} for r in runs.values()), runs  # pinned: the same every build
     assert results["summary"]["balanced/fbgemm"]["loss_diff_stale0_vs_plain"] == 0.0
     assert runs["balanced/fbgemm/stale1"]["losses"] != runs["balanced/fbgemm/plain"]["losses"]
     assert "| balanced | fbgemm |" in (out / "pipeline_ws1.md").read_text()

@@ -20,8 +20,10 @@ order: a lookup never races an update. The dense forward and backward run on the
 stream, which waits for its batch's lookups by an event only, so with k >= 1 they overlap
 the fused update of the previous batch and the lookups of the next ones. Tensors crossing
 streams are ``record_stream``-ed. The input all-to-all needs a host sync on its splits,
-which waits for every collective queued before them: the splits are exchanged a step
-before they are needed, so the sync finds them done and the host runs ahead.
+which waits for every collective queued before them and for the data stream's queue: the
+splits are exchanged a step before they are needed (ahead of that step's lookups and
+backward), and a batch's input all-to-all is finished before the next batch's copy is
+queued, so the sync finds both done and the host runs ahead.
 
 The batches drawn but not yet trained are in flight: ``drain()`` trains them (call it
 before a checkpoint or an evaluation); the end of the data drains them too, then
@@ -200,32 +202,43 @@ class StalenessTrainPipeline(TrainPipeline):
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """Trains the oldest batch in flight, after looking up batches until ``staleness +
-        1`` are in flight. Before the lookups it draws one batch more than they need and
-        starts its copy and input all-to-all, to be finished a step later. Returns the
-        trained batch's output."""
+        1`` are in flight. Each lookup first finishes its batch's input all-to-all (started
+        a step earlier), then starts the next batch's copy and input all-to-all, whose
+        splits exchange so goes ahead of this step's collectives. Returns the trained
+        batch's output."""
         self._check_training()
         self._raise_loader_error()
         if dataloader_iter is not self._iterator:
             self._iterator, self._exhausted = dataloader_iter, False
-        wanted = self._staleness + 1 - len(self._in_flight)  # lookups to issue now
-        while len(self._started) < wanted + 1:
-            try:
-                raw = self._draw(dataloader_iter)
-            except Exception as error:  # raised after this step, or now if nothing is left to train
-                self._loader_error = error
+        while len(self._in_flight) <= self._staleness:
+            if not self._started and not self._start_next(dataloader_iter):
                 break
-            if raw is None:
-                break
-            self._started.append(self._start(raw))
-        while len(self._in_flight) <= self._staleness and self._started:
             staged = self._started.popleft()
-            self._finish_input_dist(staged)
+            self._finish_input_dist(staged)  # first: its host sync finds the data stream idle
+            if not self._started:
+                self._start_next(dataloader_iter)
             self._look_up(staged)
         if not self._in_flight:
             self._raise_loader_error()
             self._apply_stash()
             raise StopIteration
         return self._train_oldest()
+
+    def _start_next(self, dataloader_iter: Iterator[Any]) -> bool:
+        """Draws the next batch and starts it; False at the end of the data, or when the
+        loader raised (the error is raised once the batches in flight have trained: at
+        this call if none is, else at the next)."""
+        if self._loader_error is not None:
+            return False
+        try:
+            raw = self._draw(dataloader_iter)
+        except Exception as error:
+            self._loader_error = error
+            return False
+        if raw is None:
+            return False
+        self._started.append(self._start(raw))
+        return True
 
     def drain(self) -> List[Any]:
         """Trains every batch in flight (before a checkpoint or an evaluation, so that no

@@ -153,3 +153,48 @@ def test_eval_needs_a_drain_and_detach_restores_the_model():
         assert r["eval_error"] and "drain() or detach()" in r["eval_error"], r
         assert r["detached"] == 0.0, r
         assert r["after"] == 2 and r["state"] == 0.0, r
+
+
+def test_schedule_order():
+    """The host-side order the stream design relies on (k = 1): per step, finish the batch
+    about to be looked up (its input all-to-all), start the next one (copy, splits), look
+    up, train the oldest; a loader error waits for the step under way."""
+    from pipelines import StalenessTrainPipeline
+    from pipelines.staleness import _Staged
+
+    events = []
+
+    class Recorded(StalenessTrainPipeline):
+        def _check_training(self):
+            pass
+
+        def _start(self, raw):
+            events.append(f"start {raw}")
+            return _Staged(raw, raw, None)
+
+        def _finish_input_dist(self, staged):
+            events.append(f"finish {staged.raw}")
+
+        def _look_up(self, staged):
+            events.append(f"lookup {staged.raw}")
+            self._in_flight.append(staged)
+
+        def _train_oldest(self):
+            staged = self._in_flight.popleft()
+            events.append(f"train {staged.raw}")
+            return staged.raw
+
+    def loader():
+        yield from range(4)
+        raise RuntimeError("loader failed")
+
+    pipeline, iterator = Recorded(None, None, "cpu", staleness=1), loader()
+    assert [pipeline.progress(iterator) for _ in range(3)] == [0, 1, 2]
+    assert events == [
+        "start 0", "finish 0", "start 1", "lookup 0", "finish 1", "start 2", "lookup 1", "train 0",
+        "finish 2", "start 3", "lookup 2", "train 1",
+        "finish 3", "lookup 3", "train 2",  # the loader raised when asked for a 5th batch
+    ]
+    with pytest.raises(RuntimeError, match="loader failed"):
+        pipeline.progress(iterator)
+    assert pipeline.drain() == [3]

@@ -1,10 +1,11 @@
 """The training step as custom ops, so that ``torch.compile`` traces a model that trains.
 
 ``tbe_plugin::tbe_lookup_train`` is the forward of a training step (the same kernels as
-``tbe_forward``); its registered autograd backward calls ``tbe_plugin::tbe_fused_update``,
-which applies the optimizer to the touched rows in place and declares what it mutates
-(weights, optimizer state, step count, rounding seed). Eager training uses the cheaper
-``autograd.Function`` in the module; both end in ``fused_update``.
+``tbe_forward``); its registered autograd backward calls ``tbe_plugin::tbe_fused_update_live``,
+which applies the optimizer in place to the touched rows of the module's live tables and
+state (found by a handle, so that the backward may run after other batches' updates, as in
+eager). Eager training uses the cheaper ``autograd.Function`` in the module; both end in
+``fused_update``.
 
 Every value that changes between steps is a tensor (learning rate, step count, rounding
 seed), so changing the learning rate never recompiles a graph or a kernel.
@@ -69,19 +70,6 @@ def fused_update(
         indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args,
     )  # fmt: skip
     return psw_grad if psw_grad is not None else grad_output.new_empty(0)
-
-
-tbe_fused_update_op = torch.library.custom_op(
-    "tbe_plugin::tbe_fused_update",
-    fused_update,
-    mutates_args=("weights", "momentum1", "momentum2", "step", "rounding_seed"),
-)
-
-
-@tbe_fused_update_op.register_fake
-def _(grad_output, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta,
-      indices, offsets, per_sample_weights, psw_requires_grad, *config):  # fmt: skip
-    return grad_output.new_empty((indices.shape[0],) if psw_requires_grad else (0,), dtype=torch.float32)
 
 
 # Live training state by handle: the compiled backward fetches the tables and optimizer

@@ -166,7 +166,7 @@ def evaluate(cfg: TrainConfig, dmp, rank: int, device: torch.device) -> Dict[str
             labels.append(batch_labels.float().cpu())
     dmp.train()
     gathered: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (torch.cat(logits), torch.cat(labels)))
+    dist.all_gather_object(gathered, (torch.cat(logits), torch.cat(labels)), group=host_group())
     all_logits = torch.cat([g[0] for g in gathered])
     all_labels = torch.cat([g[1] for g in gathered])
     log_loss = torch.nn.functional.binary_cross_entropy_with_logits(all_logits, all_labels).item()
@@ -177,6 +177,20 @@ def evaluate(cfg: TrainConfig, dmp, rank: int, device: torch.device) -> Dict[str
 # Pre-emption notices: finish the step, drain, save, exit 0. PIPELINES_TRAIN_SIGNAL_AT_STEP=n
 # makes every rank send itself SIGTERM after step n (fault injection, for tests).
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+_HOST_GROUP: List[Any] = []
+
+
+def host_group():
+    """A gloo group over all ranks for small host-side collectives (the pre-emption flag,
+    the checksum): on GPUs they then neither need device tensors nor sync a stream. Made
+    on first use, which every rank reaches in the same order."""
+    import torch.distributed as dist
+
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
 
 
 class Preemption:
@@ -194,7 +208,7 @@ class Preemption:
         import torch.distributed as dist
 
         flag = torch.tensor([1 if self.requested else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=host_group())
         return bool(flag.item())
 
 
@@ -240,14 +254,15 @@ def weights_checksum(dmp) -> float:
     """Sum of every weight (table shards and dense parameters) over all ranks' shards."""
     import torch.distributed as dist
 
-    local = torch.zeros((), dtype=torch.float64)
+    local = 0.0
     for key, value in dmp.state_dict().items():
         if hasattr(value, "local_shards"):
-            local += sum(s.tensor.double().sum() for s in value.local_shards())
+            local += sum(s.tensor.double().sum().item() for s in value.local_shards())
         elif dist.get_rank() == 0 and torch.is_floating_point(value):  # replicated: count once
-            local += value.double().sum()
-    dist.all_reduce(local)
-    return local.item()
+            local += value.double().sum().item()
+    total = torch.tensor(local, dtype=torch.float64)
+    dist.all_reduce(total, group=host_group())
+    return total.item()
 
 
 def train(cfg: TrainConfig) -> Dict[str, Any]:
@@ -257,6 +272,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     from pipelines.staleness import StalenessTrainPipeline
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    host_group()  # every rank makes it here, first
     torch.manual_seed(cfg.data.seed)  # the dense layers' initial weights, the same on every rank and backend
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dmp, dense_optimizer = build_model(cfg, device, world_size)
@@ -288,19 +304,30 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                batch_size=cfg.data.batch_size, steps=cfg.steps, device=device.type)  # fmt: skip
     losses, start = [], time.perf_counter()
     step, profiler, profiled_ms, profiled_batches = first_step, None, [], 0
+    pending: List[Tuple[int, torch.Tensor, Optional[float]]] = []  # losses not yet read (no sync per step)
 
-    def trained(loss_value: float, step_ms: Optional[float]) -> None:
+    def trained(loss: torch.Tensor, step_ms: Optional[float]) -> None:
         nonlocal profiled_batches
         profiled_batches += profiler is not None
-        losses.append(loss_value)
-        rate = cfg.data.batch_size * world_size / (step_ms / 1e3) if step_ms else None
-        log.record("step", step, loss=loss_value, step_ms=step_ms, examples_per_s=rate)
+        pending.append((step, loss.detach().float().reshape(()), step_ms))
+        if len(pending) >= cfg.logging.every_steps:
+            read_losses()
+
+    def read_losses() -> None:  # one host sync for every_steps steps
+        if not pending:
+            return
+        for (at, _, step_ms), value in zip(pending, torch.stack([p[1] for p in pending]).tolist()):
+            losses.append(value)
+            rate = cfg.data.batch_size * world_size / (step_ms / 1e3) if step_ms else None
+            log.record("step", at, loss=value, step_ms=step_ms, examples_per_s=rate)
+        pending.clear()
 
     def drain() -> None:  # the batches in flight, trained and logged (no step time of their own)
         nonlocal step
         for output in pipeline.drain():
             step += 1
-            trained(output[0].item(), None)
+            trained(output[0], None)
+        read_losses()
 
     while step < cfg.steps:
         _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
@@ -312,9 +339,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         except StopIteration:
             break
         step += 1
-        loss_value = loss.item()
-        step_ms = (time.perf_counter() - began) * 1e3
-        trained(loss_value, step_ms)
+        step_ms = (time.perf_counter() - began) * 1e3  # host time: the queue bounds how far it runs ahead
+        trained(loss, step_ms)
         if profiler is not None:
             profiled_ms.append(step_ms)
             if len(profiled_ms) == cfg.logging.profile_steps:
@@ -325,8 +351,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                 profiler = None
         if progress is not None:
             progress.update(1)
-            if step % cfg.logging.every_steps == 1:
-                rate = len(losses) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
+            if not pending and losses:  # the losses were just read
+                rate = (step - first_step) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
                 progress.set_postfix(loss=f"{losses[-1]:.4f}", examples_per_s=f"{rate:.0f}")
         if step == signal_at:
             os.kill(os.getpid(), signal.SIGTERM)

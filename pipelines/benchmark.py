@@ -163,12 +163,12 @@ class SparseOnly:
         return (values.detach().sum(),)
 
 
-class DenseOnly:
+class DenseOnly(PlainLoop):
     """The dense unit alone: the model's step with the sparse arch returning a fixed tensor."""
 
     def __init__(self, dmp, optimizer, device: torch.device) -> None:
+        super().__init__(dmp, optimizer, device)
         sparse_arch = _dlrm(dmp).sparse_arch
-        self.dmp, self.optimizer, self.device = dmp, optimizer, device
         self.fixed: Optional[torch.Tensor] = None
         sparse_arch.forward = self._fixed_embeddings
         self.shape = (sparse_arch.F, sparse_arch.D)
@@ -177,9 +177,6 @@ class DenseOnly:
         if self.fixed is None:
             self.fixed = torch.rand(features.stride(), *self.shape, device=self.device) * 1e-2
         return self.fixed
-
-    def progress(self, iterator: Iterator[Any]) -> Any:
-        return PlainLoop.progress(self, iterator)  # type: ignore[arg-type]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -269,7 +266,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     rank, world_size, device = _init_distributed()
     results: Dict[str, Any] = {"world_size": world_size, "batch_size_per_rank": args.batch_size, "rows": args.rows,
                                "dim": args.dim, "zipf": args.zipf, "steps": args.steps, "warmup": args.warmup,
-                               "versions": versions(), "runs": {}}  # fmt: skip
+                               "versions": versions(device), "runs": {}}  # fmt: skip
     try:
         for balance in args.balances.split(","):
             batches = None
@@ -318,19 +315,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     return results
 
 
-def versions() -> Dict[str, str]:
-    import importlib.metadata as md
+def versions(device: torch.device) -> Dict[str, str]:
+    """The benchmarks' environment record, with TorchRec's version."""
+    from tbe_plugin.benchmarks.common import collect_environment
+    from tbe_plugin.torchrec._compat import TORCHREC_VERSION
 
-    import triton
-
-    out = {"torch": torch.__version__, "triton": triton.__version__,
-           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}  # fmt: skip
-    for name in ("torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    return {**collect_environment(device), "torchrec": TORCHREC_VERSION}
 
 
 def summarize(results: Dict[str, Any]) -> None:
@@ -362,9 +352,10 @@ def report(results: Dict[str, Any]) -> str:
     ran = {k.rsplit("/", 1)[1] for k in results["runs"]}
     modes = [m for m in MODES if m in ran] + sorted(ran - set(MODES))
     lines = [f"# Pipeline step time, world size {results['world_size']}", "",
-             f"{v.get('device')}; torch {v.get('torch')}, triton {v.get('triton')}, torchrec {v.get('torchrec')}, "
-             f"fbgemm_gpu {v.get('fbgemm-gpu', v.get('fbgemm-gpu-cpu'))}. DLRM, B={results['batch_size_per_rank']} per "
-             f"rank, {results['rows']} rows per table per rank, D={results['dim']}, Zipf({results['zipf']}) ids, fp32, "
+             f"{v.get('device_name', v.get('device'))}; torch {v.get('torch')}, triton {v.get('triton')}, "
+             f"torchrec {v.get('torchrec')}, fbgemm_gpu {v.get('fbgemm_gpu')}. DLRM, "
+             f"B={results['batch_size_per_rank']} per rank, {results['rows']} rows per table per rank, "
+             f"D={results['dim']}, Zipf({results['zipf']}) ids, fp32, "
              f"rowwise Adagrad (fused) + dense Adagrad; ms per step = wall time of {results['steps']} steps after "
              f"{results['warmup']}, synchronized at both ends.", "",
              "| balance | backend | " + " | ".join(modes) + " | max(sparse, dense) | stale1 / bound | "

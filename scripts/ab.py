@@ -13,7 +13,6 @@ gloo (slow: keep the default tiny tables); on GPUs, one process per GPU.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -41,21 +40,19 @@ def run_backend(backend: str, out: Path, nproc: int, overrides: List[str], cuda:
     return metrics
 
 
-def percentile(values: List[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summarize(run: Dict[str, Any], skip: int) -> Dict[str, Any]:
     """Step-time distribution (steps after the first ``skip``, timed ones only) and throughput."""
-    timed = [r for r in run["step"][skip:] if r["step_ms"] is not None]
-    ms = [r["step_ms"] for r in timed]
+    from tbe_plugin.benchmarks.common import summarize_ms
+
+    ms = [r["step_ms"] for r in run["step"][skip:] if r["step_ms"] is not None]
     config = run.get("config", {})
     examples = config.get("batch_size", 0) * config.get("world_size", 1)
-    median = statistics.median(ms) if ms else float("nan")
-    return {"steps_timed": len(ms), "p10": percentile(ms, 0.1) if ms else float("nan"), "p50": median,
-            "p90": percentile(ms, 0.9) if ms else float("nan"),
-            "examples_per_s": examples / (median / 1e3) if ms else float("nan")}  # fmt: skip
+    if not ms:
+        return {"steps_timed": 0, "p10": float("nan"), "p50": float("nan"), "p90": float("nan"),
+                "examples_per_s": float("nan")}  # fmt: skip
+    stats = summarize_ms(ms)
+    return {"steps_timed": stats["n"], "p10": stats["p10_ms"], "p50": stats["median_ms"], "p90": stats["p90_ms"],
+            "examples_per_s": examples / (stats["median_ms"] / 1e3)}  # fmt: skip
 
 
 def divergence(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:

@@ -75,7 +75,7 @@ class MetricsLog:
             self._file.flush()
         if self._writer is not None and step is not None:
             for key, value in values.items():
-                if isinstance(value, (int, float)) and value is not None:
+                if isinstance(value, (int, float)):
                     self._writer.add_scalar(f"{kind}/{key}", value, step)
 
     def close(self) -> None:

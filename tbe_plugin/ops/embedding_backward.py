@@ -295,6 +295,7 @@ def _crossing_kernel(
     first block of BLOCK_CHUNKS chunks, then the blocks' sums (``_block_kernel``), SPAN at
     a time; then update its row."""
     num_chunks = (num_indices + CHUNK - 1) // CHUNK
+    num_blocks = (num_chunks + BLOCK_CHUNKS - 1) // BLOCK_CHUNKS
     chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
     exists = chunks < num_chunks
     firsts = chunks * CHUNK
@@ -334,7 +335,6 @@ def _crossing_kernel(
             going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (next_chunk < limit)
         # Then the blocks the run enters: each block's sum of the run's pieces, SPAN blocks
         # per step, while the blocks start inside the run.
-        num_blocks = (num_chunks + BLOCK_CHUNKS - 1) // BLOCK_CHUNKS
         next_block = chunk // BLOCK_CHUNKS + 1
         going_on = next_block < num_blocks
         while going_on:

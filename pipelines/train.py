@@ -331,8 +331,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
 
     while step < cfg.steps:
         _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
-        if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after:
-            profiler = _start_profiler(device)
+        if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after and rank == 0:
+            profiler = _start_profiler(device)  # rank 0 only: it alone records the phases
         began = time.perf_counter()
         try:
             loss, _, _ = pipeline.progress(batches)

@@ -63,7 +63,7 @@ def make_config(
         tables=TablesConfig(num_tables=b["num_tables"], rows=rows, dim=dim, pooling_factor=b["pooling_factor"],
                             zipf_alpha=zipf),
         data=DataConfig(batch_size=batch_size, seed=0),
-        optimizer=OptimizerConfig(sparse="EXACT_ROWWISE_ADAGRAD", sparse_lr=0.01, dense="adagrad", dense_lr=0.01),
+        optimizer=OptimizerConfig(sparse="EXACT_ROWWISE_ADAGRAD", sparse_lr=0.01, dense="adagrad", dense_lr=1e-3),
         backend=dataclasses.replace(TrainConfig().backend, name=backend),
     )  # fmt: skip
 
@@ -191,14 +191,22 @@ def time_mode(runner, batches: List[Any], warmup: int, steps: int, device: torch
     for _ in range(warmup):
         losses.append(runner.progress(iterator)[0])
     _synchronize(device)
+    marks = []  # CUDA events on the current stream between steps: where the time went, no syncs
     start = time.perf_counter()
     for _ in range(steps):
+        if device.type == "cuda":
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
         losses.append(runner.progress(iterator)[0])
+    if marks:
+        marks.append(torch.cuda.Event(enable_timing=True))
+        marks[-1].record()
     _synchronize(device)
     elapsed = time.perf_counter() - start
     if hasattr(runner, "drain"):
         runner.drain()
-    return {"ms": 1e3 * elapsed / steps, "losses": [float(x) for x in torch.stack(losses).float().cpu()]}
+    return {"ms": 1e3 * elapsed / steps, "losses": [float(x) for x in torch.stack(losses).float().cpu()],
+            "step_ms": [round(a.elapsed_time(b), 3) for a, b in zip(marks, marks[1:])]}  # fmt: skip
 
 
 def stream_summary(trace_path: str) -> Dict[str, Any]:
@@ -278,7 +286,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 torch.manual_seed(cfg.data.seed)  # one-time costs (kernel compiles) before any timing
                 dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
                 results.setdefault("plans", {})[f"{balance}/{backend}"] = plan_summary(dmp)
-                time_mode(PlainLoop(dmp, optimizer, device), batches, args.warmup, 2, device)
+                warm = time_mode(PlainLoop(dmp, optimizer, device), batches, args.warmup, args.steps, device)
+                results.setdefault("warmup_runs", {})[f"{balance}/{backend}"] = {"ms": warm["ms"],
+                                                                                  "step_ms": warm["step_ms"]}
                 del dmp, optimizer
                 gc.collect()
                 torch.cuda.empty_cache()

@@ -50,6 +50,7 @@ DESIGN.md.
 """
 
 import contextlib
+import ctypes
 from collections import deque
 from typing import Any, Deque, Dict, Iterator, List, Optional
 
@@ -110,14 +111,29 @@ def _capped_stream(device: torch.device, max_sms: int) -> Any:
     available = torch.cuda.get_device_properties(device).multi_processor_count
     if max_sms > available:
         raise ValueError(f"tbe_max_sms={max_sms}: the device has {available} SMs")
-    context = green_contexts.GreenContext.create(num_sms=max_sms, device_id=device.index)
-    if hasattr(context, "Stream"):
-        return context, context.Stream()
-    context.set_context()  # older PyTorch: a stream created while the green context is current
-    try:
-        return context, torch.cuda.Stream(device)
-    finally:
-        context.pop_context()
+    index = torch.cuda.current_device() if device.index is None else device.index
+    key = (index, max_sms)
+    if key not in _GREEN_CONTEXTS:
+        context = green_contexts.GreenContext.create(num_sms=max_sms, device_id=index)
+        if hasattr(context, "Stream"):
+            stream = context.Stream()
+        else:
+            context.set_context()  # older PyTorch: a stream created while the green context is current
+            try:
+                stream = torch.cuda.Stream(device)
+            finally:
+                context.pop_context()
+        _GREEN_CONTEXTS[key] = (context, stream)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(context))  # never destroyed, not even at exit
+    return _GREEN_CONTEXTS[key]
+
+
+# Green contexts live as long as the process: the caching allocator frees blocks that were
+# used on their streams (record_stream) whenever their last tensor goes, possibly after the
+# pipeline is gone, and an event on a destroyed context's stream aborts the process ("context
+# is destroyed", seen on the H200), at interpreter exit too. Keyed by (device index, SMs):
+# pipelines with the same cap share one.
+_GREEN_CONTEXTS: Dict[Any, Any] = {}
 
 
 def _detach_lookups(results: Dict[str, Any]) -> Any:

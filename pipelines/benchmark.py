@@ -11,7 +11,9 @@ triton) it times, in one process on the same batches:
   ``tbe_max_sms=66`` (any k and count);
 - ``sparse_only``: host-to-device copy, sharded lookup and its backward with a fixed
   gradient; ``dense_only``: the model's step with the lookup replaced by a fixed tensor;
-  so that ``max(sparse_only, dense_only)`` is the bound a perfect overlap reaches.
+  so that ``max(sparse_only, dense_only)`` is the bound a perfect overlap reaches;
+- ``concurrent``: the two of them on two streams with no dependency between them (two
+  models): how much this GPU overlaps them at all, the ceiling of any pipeline's overlap.
 
 Every timed mode builds its model afresh with the same weights (seeded per table shard on
 the device), so the losses of modes with the same semantics can be compared: ``stale0``
@@ -45,7 +47,8 @@ BALANCES: Dict[str, Dict[str, Any]] = {
     "balanced": dict(num_tables=26, pooling_factor=20, dense=[512, 256, 128], over=[1024, 1024, 512, 256, 1]),
     "dense_heavy": dict(num_tables=8, pooling_factor=8, dense=[1024, 512, 128], over=[2048, 2048, 2048, 1]),
 }
-MODES = ("plain", "plain2", "sparsedist", "semisync", "stale0", "stale1", "stale2", "sparse_only", "dense_only")
+MODES = ("plain", "plain2", "sparsedist", "semisync", "stale0", "stale1", "stale2", "sparse_only", "dense_only",
+         "concurrent")
 # Pairs whose losses should agree; plain2 (the plain loop again) shows the run-to-run noise floor.
 SAME_SEMANTICS = {"plain2": "plain", "stale0": "plain", "stale1": "semisync"}
 
@@ -179,6 +182,33 @@ class DenseOnly(PlainLoop):
         return self.fixed
 
 
+class Concurrent:
+    """A sparse unit (``SparseOnly``) and a dense unit (``DenseOnly``, another model) of each
+    batch, each on its own stream, neither waiting for the other: the dense step is
+    launched first, then the lookups; the step ends when both have."""
+
+    def __init__(self, sparse: SparseOnly, dense: DenseOnly, device: torch.device) -> None:
+        self.sparse, self.dense, self.device = sparse, dense, device
+        self.streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)] if device.type == "cuda" else []
+
+    def progress(self, iterator: Iterator[Any]) -> Any:
+        batch = next(iterator)
+        if not self.streams:
+            self.sparse.progress(iter([batch]))
+            return self.dense.progress(iter([batch]))
+        current = torch.cuda.current_stream(self.device)
+        dense_stream, sparse_stream = self.streams
+        for stream in self.streams:
+            stream.wait_stream(current)
+        with torch.cuda.stream(dense_stream):
+            output = self.dense.progress(iter([batch]))
+        with torch.cuda.stream(sparse_stream):
+            self.sparse.progress(iter([batch]))
+        for stream in self.streams:
+            current.wait_stream(stream)
+        return output
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -295,7 +325,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 for mode in args.modes.split(","):
                     torch.manual_seed(cfg.data.seed)  # the same dense weights for every mode
                     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
-                    if mode in RUNNERS:
+                    if mode == "concurrent":
+                        runner = Concurrent(SparseOnly(*build_model(cfg, device, world_size, init=device_init), device),
+                                            DenseOnly(dmp, optimizer, device), device)  # fmt: skip
+                    elif mode in RUNNERS:
                         runner = RUNNERS[mode](dmp, optimizer, device)
                     else:
                         runner = make_pipeline(mode, dmp, optimizer, device)
@@ -347,6 +380,9 @@ def summarize(results: Dict[str, Any]) -> None:
             s["bound_ms"] = max(runs["sparse_only"]["ms"], runs["dense_only"]["ms"])
             if "stale1" in runs:
                 s["stale1_over_bound"] = runs["stale1"]["ms"] / s["bound_ms"]
+            if "concurrent" in runs:  # 1: no overlap at all; bound / sum: perfect overlap
+                s["concurrent_over_sum"] = runs["concurrent"]["ms"] / (runs["sparse_only"]["ms"] +
+                                                                       runs["dense_only"]["ms"])  # fmt: skip
         if "sparsedist" in runs and "stale1" in runs:
             s["sparsedist_over_stale1"] = runs["sparsedist"]["ms"] / runs["stale1"]["ms"]
         for mode, same in SAME_SEMANTICS.items():
@@ -369,8 +405,8 @@ def report(results: Dict[str, Any]) -> str:
              f"rowwise Adagrad (fused) + dense Adagrad; ms per step = wall time of {results['steps']} steps after "
              f"{results['warmup']}, synchronized at both ends.", "",
              "| balance | backend | " + " | ".join(modes) + " | max(sparse, dense) | stale1 / bound | "
-             "sparsedist / stale1 | examples/s stale1 |",
-             "|---" * (len(modes) + 6) + "|"]  # fmt: skip
+             "sparsedist / stale1 | concurrent / (sparse + dense) | examples/s stale1 |",
+             "|---" * (len(modes) + 7) + "|"]  # fmt: skip
     groups = sorted({k.rsplit("/", 1)[0] for k in results["runs"]})
     for group in groups:
         runs = {m: results["runs"].get(f"{group}/{m}") for m in modes}
@@ -379,7 +415,8 @@ def report(results: Dict[str, Any]) -> str:
         rate = results["examples_per_step"] / runs["stale1"]["ms"] * 1e3 if runs.get("stale1") else None
         lines.append("| " + " | ".join(group.split("/")) + " | " + " | ".join(cells) +
                      f" | {s.get('bound_ms', float('nan')):.2f} | {s.get('stale1_over_bound', float('nan')):.2f} | "
-                     f"{s.get('sparsedist_over_stale1', float('nan')):.2f} | {rate or float('nan'):.0f} |")  # fmt: skip
+                     f"{s.get('sparsedist_over_stale1', float('nan')):.2f} | "
+                     f"{s.get('concurrent_over_sum', float('nan')):.2f} | {rate or float('nan'):.0f} |")  # fmt: skip
     lines += ["", "Plans: " + "; ".join(f"{k}: {v}" for k, v in results.get("plans", {}).items())]
     differing = sorted(k for k, r in results["runs"].items()
                        if "plan" in r and r["plan"] != results.get("plans", {}).get(k.rsplit("/", 1)[0]))  # fmt: skip

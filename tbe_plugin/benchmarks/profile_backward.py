@@ -27,6 +27,8 @@ CANDIDATES = [
     {},
     {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 2},
     {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 4},
+    {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 8},
+    {"CHUNK_ELEMENTS": 4096, "CHUNK_WARPS": 8},
     {"CHUNK_ELEMENTS": 512, "CHUNK_WARPS": 2},
 ]
 
@@ -110,8 +112,9 @@ def main():
             emb = TritonTableBatchedEmbeddingBags([(args.rows, D)] * T, optimizer=optimizer, device="cuda")
             indices, offsets = make_batch(T, B, L, args.rows, zipf, "cuda")
             grad = torch.randn(B, T * D, device="cuda")
-            entry = {"optimizer": optimizer, "B": B, "L": L, "zipf": zipf, "kernels": kernel_breakdown(emb, indices, offsets, grad),
-                     "candidates": [], "fbgemm_kernels": [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)}  # fmt: skip
+            fbgemm = [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)
+            entry = {"optimizer": optimizer, "B": B, "L": L, "zipf": zipf, "candidates": [], "fbgemm_kernels": fbgemm,
+                     "kernels": kernel_breakdown(emb, indices, offsets, grad)}  # fmt: skip
             for overrides in CANDIDATES:
                 saved = {name: getattr(embedding_backward, name) for name in overrides}
                 for name, value in overrides.items():

@@ -9,10 +9,11 @@ No dense gradient is ever materialized. The backward of one batch:
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
    then lays the ids' operands out in sorted order, with each row's start in the weights.
-3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each sums, per run of one row, the
-   runs' output-gradient rows (the lane of a run's first id walks it; a chunk that one row
-   fills reduces at once) and applies the optimizer to every run that starts in the
-   chunk and ends in it or in the next one. For longer runs it writes the chunk's piece.
+3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers its output-gradient
+   rows at once, sums them per run of one row with a segmented scan (a fixed tree: no
+   chain of loads however long the run) and applies the optimizer to every run that
+   starts in the chunk and ends in it or in the next one. For longer runs it writes the
+   chunk's piece.
 4. ``_block_kernel``: per block of BLOCK_CHUNKS chunks that a run enters from before, the
    sum of that run's pieces in the block, all blocks in parallel.
 5. ``_crossing_kernel``: each run longer than that (hot rows) adds its pieces up to the end
@@ -146,6 +147,13 @@ def _row_operands(weights_ptr, w_start_ptr, dim_ptr, q, valid, cols, ALIGN: tl.c
 
 
 @triton.jit
+def _segmented_add(starts_a, sum_a, starts_b, sum_b):
+    """Combine of a segmented inclusive sum: ``b`` follows ``a``; a segment start in ``b``
+    drops what came before it."""
+    return starts_a | starts_b, tl.where(starts_b != 0, sum_b, sum_a + sum_b)
+
+
+@triton.jit
 def _chunk_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
     sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
@@ -157,33 +165,33 @@ def _chunk_kernel(
     """Updates the rows whose whole run of ids lies in this chunk of CHUNK sorted ids;
     leaves the chunk's part of runs that cross its edges in ``pieces``.
 
+    All the chunk's gradient rows are gathered at once and summed per piece (a maximal run
+    of one row inside the chunk) by a segmented scan down the chunk: the piece's sum lands
+    on its last lane, which applies the update. Loads come in two dependent rounds: the
+    sorted arrays, then gradient rows, weights and optimizer state together; no run length
+    puts a chain of loads behind them.
+
     A run that starts here and ends in the next chunk is summed and updated here too (its
     ids there are gathered at once); the next chunk leaves it alone. Only runs longer
     than that go through ``pieces`` and ``_crossing_kernel``.
-
-    The common case issues its loads in two dependent rounds: first the sorted arrays
-    (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the gradient
-    rows, weights and optimizer state together.
     """
     chunk = tl.program_id(0).to(tl.int64)
     c0 = chunk * CHUNK
     q = c0 + tl.arange(0, CHUNK)
-    lane = tl.arange(0, CHUNK)
     cols = tl.arange(0, BLOCK_D)
     in_range = q < num_indices
     row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
     first_row = tl.load(sorted_rows_ptr + c0)
-    last_row = tl.load(sorted_rows_ptr + tl.minimum(c0 + CHUNK, num_indices) - 1)
+    before_first = tl.load(sorted_rows_ptr + c0 - 1, mask=c0 > 0, other=-1)
     # Rows at the previous chunk's start - 1 and at the start of the chunk after next:
     # whether the run at this chunk's start began in the previous chunk, and whether the
     # run at its end goes past the next chunk (a long run).
     before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
     after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
     beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
-    start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
-    start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
+    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
     w_start, dim, row_mask, w_ptrs = _row_operands(
         weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
     )
@@ -191,63 +199,46 @@ def _chunk_kernel(
     head = valid & (row != prev)  # the first id of its row's run
     tail = valid & (row != nxt)  # the last
     last = tl.max(tl.where(valid, q, -1), axis=0)
-    # Pieces: the maximal runs of one row inside this chunk, each owned by the lane of
-    # its first id. Rows whose run starts here load their weights and state now.
-    piece_head = valid & ((lane == 0) | head)
+    is_last = valid & (q == last)
+    last_row = tl.max(tl.where(is_last, row, -1), axis=0)
+    piece_end = tail | is_last  # where a piece's sum lands
+    # The run at the chunk's start began before it unless its first id is here.
+    began_here = valid & ((row != first_row) | (before_first != first_row))
+    goes_on = is_last & ~tail  # the last piece's run goes on past the chunk
+    long_run = after_next == last_row  # ... and past the next chunk too
+    extends = piece_end & began_here & goes_on & ~long_run
+    updated = piece_end & began_here & (~goes_on | extends)
     w, m1, m2 = load_row_state(
-        w_ptrs, w_start, row, cols, row_mask, piece_head & head, momentum1_ptr, momentum2_ptr, OPTIMIZER
+        w_ptrs, w_start, row, cols, row_mask, updated, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    if (first_row == last_row) & (first_row != sentinel):
-        # One row fills the chunk (a hot row): gather all its ids at once and reduce.
-        g = _gather_gradients(grad_ptr, start0, scale0, valid, cols, dim, SCALED, ALIGN)
-        run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
-    else:
-        # Each piece's lane adds its ids' gradients in sorted order: the first two ids
-        # at once (most runs have one or two), then one id per step.
-        second = piece_head & (q + 1 <= last) & (nxt == row)
-        run_sum = _gather_gradients(grad_ptr, start0, scale0, piece_head, cols, dim, SCALED, ALIGN)
-        run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
-        pos = q + 2
-        active = second & (pos <= last)
-        active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-        while tl.max(active.to(tl.int32), axis=0) > 0:
-            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
-            run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
-            pos += 1
-            active &= pos <= last
-            active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-    # The piece holding the chunk's last id goes on past the chunk when that id is not
-    # its run's tail. Such a run that started here is finished here when it ends in the
-    # next chunk: its ids there (a prefix of that chunk) are added at once.
-    last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
-    long_run = last_goes_on & (after_next == last_row)
-    goes_on = piece_head & (row == last_row) & last_goes_on
-    extends = goes_on & head & ~long_run
+    g = _gather_gradients(grad_ptr, start, scale, valid, cols, dim, SCALED, ALIGN)
+    piece_start = (head | (q == c0)).to(tl.int32)
+    _, run_sum = tl.associative_scan(
+        (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
+    )
+    # A run that starts here and ends in the next chunk: its ids there (a prefix of that
+    # chunk) are added at once.
     if tl.max(extends.to(tl.int32), axis=0) > 0:
         ahead = q + CHUNK
         ahead_row = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1)
         member = ahead_row == last_row
-        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
+        a_start, a_scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
         ahead_dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
-        g = _gather_gradients(grad_ptr, start, scale, member, cols, ahead_dim, SCALED, ALIGN)
-        run_sum += tl.where(extends[:, None], tl.sum(g, axis=0)[None, :], 0.0)
-    complete = piece_head & head & (~goes_on | extends)
-    # The run at this chunk's start, begun earlier: the previous chunk finished it when it
-    # began there and ends here; otherwise this chunk's part of it is a piece.
-    began_in_previous = before_prev != first_row
-    finished_before = began_in_previous & (beyond_next != first_row)
+        a_g = _gather_gradients(grad_ptr, a_start, a_scale, member, cols, ahead_dim, SCALED, ALIGN)
+        run_sum += tl.where(extends[:, None], tl.sum(a_g, axis=0)[None, :], 0.0)
     apply_update(
-        run_sum, w, m1, m2, complete, row_mask, w_ptrs, w_start, row, cols, dim,
+        run_sum, w, m1, m2, updated, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
         OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
     # Pieces of long runs: [chunk, 0] the first run's part (when it began earlier and the
-    # previous chunk did not finish it), [chunk, 1] the last run's part (when it starts
-    # here and is long).
+    # previous chunk did not finish it: that happens when it began there and ends here),
+    # [chunk, 1] the last run's part (when it starts here and is long).
+    finished_before = (before_prev != first_row) & (beyond_next != first_row)
     piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :] + 0 * q[:, None]
-    first_piece = piece_head & (lane == 0) & ~head & ~finished_before
+    first_piece = piece_end & (row == first_row) & ~began_here & ~finished_before
     tl.store(piece_ptrs, run_sum, mask=first_piece[:, None])
-    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=(goes_on & head & long_run)[:, None])
+    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=(goes_on & began_here & long_run)[:, None])
 
 
 @triton.jit

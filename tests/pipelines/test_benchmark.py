@@ -28,18 +28,24 @@ def test_tiny_run_on_cpu(tmp_path):
     plain loop, the report is written."""
     out = tmp_path / "out"
     command = [sys.executable, "-m", "pipelines.benchmark", "--balances", "balanced", "--backends", "fbgemm",
-               "--modes", "plain,stale0,stale1,sparse_only,dense_only", "--batch-size", "16", "--rows", "300",
-               "--dim", "16", "--steps", "2", "--warmup", "1", "--distinct-batches", "2", "--out", str(out)]
+               "--modes", "plain,stale0,stale1,sparse_only,dense_only,concurrent", "--batch-size", "16",
+               "--rows", "300", "--dim", "16", "--steps", "2", "--warmup", "1", "--distinct-batches", "2",
+               "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "pipeline_ws1.json").read_text())
     runs = results["runs"]
     assert sorted(runs) == sorted(f"balanced/fbgemm/{m}" for m in
-                                  ("plain", "stale0", "stale1", "sparse_only", "dense_only"))  # fmt: skip
+                                  ("plain", "stale0", "stale1", "sparse_only", "dense_only", "concurrent"))  # fmt: skip
     assert all(r["ms"] > 0 and len(r["losses"]) == 3 for r in runs.values())
     assert all(r["plan"] == {"table_wise/fused": 26} for r in runs.values()), runs  # pinned: the same every build
     assert results["summary"]["balanced/fbgemm"]["loss_diff_stale0_vs_plain"] == 0.0
+    # concurrent runs the dense step of the same batches as dense_only, from the same weights (its fixed
+    # stand-in embeddings, ~U(0, 1e-2), come from the global generator at first use, so they differ a little)
+    pairs = zip(runs["balanced/fbgemm/concurrent"]["losses"], runs["balanced/fbgemm/dense_only"]["losses"])
+    assert max(abs(a - b) for a, b in pairs) < 1e-3
+    assert results["summary"]["balanced/fbgemm"]["concurrent_over_sum"] > 0
     assert runs["balanced/fbgemm/stale1"]["losses"] != runs["balanced/fbgemm/plain"]["losses"]
     assert "| balanced | fbgemm |" in (out / "pipeline_ws1.md").read_text()
 

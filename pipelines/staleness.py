@@ -237,6 +237,7 @@ class StalenessTrainPipeline(TrainPipeline):
         if not self._in_flight:
             self._raise_loader_error()
             self._apply_stash()
+            self._sync_tables()
             raise StopIteration
         return self._train_oldest()
 
@@ -264,9 +265,15 @@ class StalenessTrainPipeline(TrainPipeline):
         while self._in_flight:
             outputs.append(self._train_oldest())
         self._apply_stash()
-        if self._sparse_stream is not None:  # readers of the tables on the current stream
-            torch.cuda.current_stream(self._device).wait_stream(self._sparse_stream)
+        self._sync_tables()
         return outputs
+
+    def _sync_tables(self) -> None:
+        """Readers of the tables on the current stream (a checkpoint, an evaluation, the code
+        after the end of the data) see every update issued: the current stream waits for the
+        sparse stream. An H200 run at world size 2 read the last update half done without it."""
+        if self._sparse_stream is not None:
+            torch.cuda.current_stream(self._device).wait_stream(self._sparse_stream)
 
     def detach(self) -> torch.nn.Module:
         """Drains, then gives the model its own forwards back (for evaluation or another

@@ -242,6 +242,111 @@ def _chunk_kernel(
 
 
 @triton.jit
+def _chunk_walk_kernel(
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
+    step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+    ALIGN: tl.constexpr,
+):  # fmt: skip
+    """``_chunk_kernel``'s work with each run summed by its first id's lane, one id per step
+    after the first two: for chunks of more than SCAN_MAX_IDS ids, where the scan is slower.
+
+    A run that starts here and ends in the next chunk is summed and updated here too (its
+    ids there are gathered at once); the next chunk leaves it alone. Only runs longer
+    than that go through ``pieces`` and ``_crossing_kernel``.
+
+    The common case issues its loads in two dependent rounds: first the sorted arrays
+    (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the gradient
+    rows, weights and optimizer state together.
+    """
+    chunk = tl.program_id(0).to(tl.int64)
+    c0 = chunk * CHUNK
+    q = c0 + tl.arange(0, CHUNK)
+    lane = tl.arange(0, CHUNK)
+    cols = tl.arange(0, BLOCK_D)
+    in_range = q < num_indices
+    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
+    prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
+    nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
+    first_row = tl.load(sorted_rows_ptr + c0)
+    last_row = tl.load(sorted_rows_ptr + tl.minimum(c0 + CHUNK, num_indices) - 1)
+    # Rows at the previous chunk's start - 1 and at the start of the chunk after next:
+    # whether the run at this chunk's start began in the previous chunk, and whether the
+    # run at its end goes past the next chunk (a long run).
+    before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
+    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
+    beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
+    start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
+    start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
+    w_start, dim, row_mask, w_ptrs = _row_operands(
+        weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
+    )
+    valid = row != sentinel
+    head = valid & (row != prev)  # the first id of its row's run
+    tail = valid & (row != nxt)  # the last
+    last = tl.max(tl.where(valid, q, -1), axis=0)
+    # Pieces: the maximal runs of one row inside this chunk, each owned by the lane of
+    # its first id. Rows whose run starts here load their weights and state now.
+    piece_head = valid & ((lane == 0) | head)
+    w, m1, m2 = load_row_state(
+        w_ptrs, w_start, row, cols, row_mask, piece_head & head, momentum1_ptr, momentum2_ptr, OPTIMIZER
+    )
+    if (first_row == last_row) & (first_row != sentinel):
+        # One row fills the chunk (a hot row): gather all its ids at once and reduce.
+        g = _gather_gradients(grad_ptr, start0, scale0, valid, cols, dim, SCALED, ALIGN)
+        run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
+    else:
+        # Each piece's lane adds its ids' gradients in sorted order: the first two ids
+        # at once (most runs have one or two), then one id per step.
+        second = piece_head & (q + 1 <= last) & (nxt == row)
+        run_sum = _gather_gradients(grad_ptr, start0, scale0, piece_head, cols, dim, SCALED, ALIGN)
+        run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
+        pos = q + 2
+        active = second & (pos <= last)
+        active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+        while tl.max(active.to(tl.int32), axis=0) > 0:
+            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
+            run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
+            pos += 1
+            active &= pos <= last
+            active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+    # The piece holding the chunk's last id goes on past the chunk when that id is not
+    # its run's tail. Such a run that started here is finished here when it ends in the
+    # next chunk: its ids there (a prefix of that chunk) are added at once.
+    last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
+    long_run = last_goes_on & (after_next == last_row)
+    goes_on = piece_head & (row == last_row) & last_goes_on
+    extends = goes_on & head & ~long_run
+    if tl.max(extends.to(tl.int32), axis=0) > 0:
+        ahead = q + CHUNK
+        ahead_row = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1)
+        member = ahead_row == last_row
+        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
+        ahead_dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
+        g = _gather_gradients(grad_ptr, start, scale, member, cols, ahead_dim, SCALED, ALIGN)
+        run_sum += tl.where(extends[:, None], tl.sum(g, axis=0)[None, :], 0.0)
+    complete = piece_head & head & (~goes_on | extends)
+    # The run at this chunk's start, begun earlier: the previous chunk finished it when it
+    # began there and ends here; otherwise this chunk's part of it is a piece.
+    began_in_previous = before_prev != first_row
+    finished_before = began_in_previous & (beyond_next != first_row)
+    apply_update(
+        run_sum, w, m1, m2, complete, row_mask, w_ptrs, w_start, row, cols, dim,
+        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+    )  # fmt: skip
+    # Pieces of long runs: [chunk, 0] the first run's part (when it began earlier and the
+    # previous chunk did not finish it), [chunk, 1] the last run's part (when it starts
+    # here and is long).
+    piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :] + 0 * q[:, None]
+    first_piece = piece_head & (lane == 0) & ~head & ~finished_before
+    tl.store(piece_ptrs, run_sum, mask=first_piece[:, None])
+    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=(goes_on & head & long_run)[:, None])
+
+
+@triton.jit
 def _block_kernel(
     sorted_rows_ptr, pieces_ptr, block_pieces_ptr, num_indices, sentinel,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, BLOCK_CHUNKS: tl.constexpr,
@@ -342,6 +447,11 @@ def _crossing_kernel(
         w, m1, m2 = load_row_state(
             w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr, OPTIMIZER
         )
+        # One row over all the program's warps: each element (and the row-wise state) is held
+        # by threads of several warps, and a warp that stored its update before another had
+        # loaded the row made that one update it again from the new values (a few hot rows a
+        # step, at random, on the H200). Every load lands before any warp stores.
+        tl.debug_barrier()
         apply_update(
             total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
             momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
@@ -378,11 +488,15 @@ def _psw_grad_kernel(
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
-# Ids per chunk times BLOCK_D: 1024 elements over 4 warps (8 ids at D=128) was the
-# fastest of 1024..8192 elements over 2..16 warps on the H200 (profile_backward) for
-# rowwise Adagrad and Adam, uniform ids; nothing spills at sm_90 (ptxas).
-CHUNK_ELEMENTS = 1024
-CHUNK_WARPS = 4
+# Ids per chunk times BLOCK_D, and warps: 512 elements over 2 warps (4 ids at D=128). Chunks
+# of up to SCAN_MAX_IDS ids sum their runs by a segmented scan (``_chunk_kernel``), larger
+# ones (smaller D, or chunks grown for memory) by walking (``_chunk_walk_kernel``). Backward
+# of rowwise Adagrad on the H200 (T=32, D=128, E=1e6; ms): B=8192 L=20: scan 2.92 at 4 ids /
+# 2 warps, walk 3.20; at 8 ids / 4 warps scan 3.80, walk 3.35; chunks grown to 16 ids (L=100)
+# and 32 (B=65536): scan 23.3 and 71.5, walk 19.1 and 39.4. Nothing spills at sm_90 (ptxas).
+CHUNK_ELEMENTS = 512
+CHUNK_WARPS = 2
+SCAN_MAX_IDS = 4
 MIN_CHUNK = 2
 MAX_CHUNK_ELEMENTS = 4096
 PIECES_BUDGET_BYTES = 2 << 30  # the crossing pieces' buffer, before chunks grow
@@ -512,7 +626,8 @@ def backward_update(
         BLOCK_D=block_d,
         ALIGN=align,
     )
-    _chunk_kernel[(num_chunks,)](
+    chunk_kernel = _chunk_kernel if chunk <= SCAN_MAX_IDS else _chunk_walk_kernel
+    chunk_kernel[(num_chunks,)](
         grad_output, sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         weights, m1, m2, pieces, step, *hyper, N, sentinel,
         SCALED=scaled, num_warps=chunk_warps, **modes,

@@ -89,8 +89,9 @@ def variants():
         rounding = weights != "*fp32"
         for block_d, num_indices in ((128, 0), (512, 0), (128, 1 << 40), (512, 1 << 40)):
             chunk, chunk_warps = backward.chunk_launch_config(block_d, num_indices)  # 1 << 40: grown
+            chunk_kernel = backward._chunk_kernel if chunk <= backward.SCAN_MAX_IDS else backward._chunk_walk_kernel
             for optimizer in range(6):
-                yield backward._chunk_kernel, dict(
+                yield chunk_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
                     STOCHASTIC_ROUNDING=rounding, CHUNK=chunk, BLOCK_D=block_d, ALIGN=4,
                 ), chunk_warps, weights, "*i32"  # fmt: skip

@@ -117,14 +117,20 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
+# SCAN_MAX_IDS 0: every chunk walks its runs (_chunk_walk_kernel); 64: every chunk scans.
+REDUCTIONS = pytest.mark.parametrize("scan_max_ids", [0, 64], ids=["walk", "scan"])
+
+
+@REDUCTIONS
 @pytest.mark.parametrize("span, per_program, block_chunks", [(16, 64, 256), (2, 2, 256), (2, 2, 4), (4, 8, 3)])
-def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, block_chunks):
+def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, block_chunks, scan_max_ids):
     """One row in most lookups: its run crosses dozens of 16-id chunks (with span 2, the
     crossing kernel needs several steps to collect them; with 2 chunks per program, its
     programs meet runs that start in either chunk, or in neither; with blocks of 3 or 4
     chunks, the run enters several blocks and is summed from the blocks' sums)."""
     from tbe_plugin.ops import embedding_backward
 
+    monkeypatch.setattr(embedding_backward, "SCAN_MAX_IDS", scan_max_ids)
     monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
     monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", per_program)
     monkeypatch.setattr(embedding_backward, "CROSSING_BLOCK_CHUNKS", block_chunks)
@@ -133,14 +139,16 @@ def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, block_chu
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
 
 
+@REDUCTIONS
 @pytest.mark.parametrize("chunk_ids, block_chunks", [(2, 2), (4, 256), (8, 5)])
-def test_runs_across_chunk_edges(monkeypatch, chunk_ids, block_chunks):
+def test_runs_across_chunk_edges(monkeypatch, chunk_ids, block_chunks, scan_max_ids):
     """Tiny chunks against runs of every length: runs that end in the next chunk (summed
     by the chunk where they start), longer ones (pieces and the crossing kernel), chunks
     inside one run, runs starting at a chunk's first or last id, and (tiny blocks) runs
     starting or ending at a block's edge."""
     from tbe_plugin.ops import embedding_backward
 
+    monkeypatch.setattr(embedding_backward, "SCAN_MAX_IDS", scan_max_ids)
     monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", chunk_ids * 32)  # BLOCK_D is 32
     monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", 4)
     monkeypatch.setattr(embedding_backward, "CROSSING_BLOCK_CHUNKS", block_chunks)

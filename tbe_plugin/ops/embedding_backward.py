@@ -147,6 +147,28 @@ def _row_operands(weights_ptr, w_start_ptr, dim_ptr, q, valid, cols, ALIGN: tl.c
 
 
 @triton.jit
+def _edge_rows(sorted_rows_ptr, c0, num_indices, CHUNK: tl.constexpr):
+    """Rows at the previous chunk's start - 1, at the next chunk's start and at the start of
+    the chunk after next: whether the run at this chunk's start began in the previous
+    chunk and ends here, and whether the run at its end goes past the next chunk (long)."""
+    before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
+    beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
+    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
+    return before_prev, beyond_next, after_next
+
+
+@triton.jit
+def _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, row,
+               num_indices, cols, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """The summed gradient rows of ``row``'s ids in the next chunk (a prefix of it)."""
+    ahead = q + CHUNK
+    member = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1) == row
+    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
+    dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
+    return tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+
+
+@triton.jit
 def _segmented_add(starts_a, sum_a, starts_b, sum_b):
     """Combine of a segmented inclusive sum: ``b`` follows ``a``; a segment start in ``b``
     drops what came before it."""
@@ -185,12 +207,7 @@ def _chunk_kernel(
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
     first_row = tl.load(sorted_rows_ptr + c0)
     before_first = tl.load(sorted_rows_ptr + c0 - 1, mask=c0 > 0, other=-1)
-    # Rows at the previous chunk's start - 1 and at the start of the chunk after next:
-    # whether the run at this chunk's start began in the previous chunk, and whether the
-    # run at its end goes past the next chunk (a long run).
-    before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
-    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
-    beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
+    before_prev, beyond_next, after_next = _edge_rows(sorted_rows_ptr, c0, num_indices, CHUNK)
     start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
     w_start, dim, row_mask, w_ptrs = _row_operands(
         weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
@@ -219,13 +236,9 @@ def _chunk_kernel(
     # A run that starts here and ends in the next chunk: its ids there (a prefix of that
     # chunk) are added at once.
     if tl.max(extends.to(tl.int32), axis=0) > 0:
-        ahead = q + CHUNK
-        ahead_row = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1)
-        member = ahead_row == last_row
-        a_start, a_scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
-        ahead_dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
-        a_g = _gather_gradients(grad_ptr, a_start, a_scale, member, cols, ahead_dim, SCALED, ALIGN)
-        run_sum += tl.where(extends[:, None], tl.sum(a_g, axis=0)[None, :], 0.0)
+        ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
+                           last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
+        run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
     apply_update(
         run_sum, w, m1, m2, updated, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
@@ -272,12 +285,7 @@ def _chunk_walk_kernel(
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
     first_row = tl.load(sorted_rows_ptr + c0)
     last_row = tl.load(sorted_rows_ptr + tl.minimum(c0 + CHUNK, num_indices) - 1)
-    # Rows at the previous chunk's start - 1 and at the start of the chunk after next:
-    # whether the run at this chunk's start began in the previous chunk, and whether the
-    # run at its end goes past the next chunk (a long run).
-    before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
-    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
-    beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
+    before_prev, beyond_next, after_next = _edge_rows(sorted_rows_ptr, c0, num_indices, CHUNK)
     start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
     start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
     w_start, dim, row_mask, w_ptrs = _row_operands(
@@ -320,13 +328,9 @@ def _chunk_walk_kernel(
     goes_on = piece_head & (row == last_row) & last_goes_on
     extends = goes_on & head & ~long_run
     if tl.max(extends.to(tl.int32), axis=0) > 0:
-        ahead = q + CHUNK
-        ahead_row = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1)
-        member = ahead_row == last_row
-        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
-        ahead_dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
-        g = _gather_gradients(grad_ptr, start, scale, member, cols, ahead_dim, SCALED, ALIGN)
-        run_sum += tl.where(extends[:, None], tl.sum(g, axis=0)[None, :], 0.0)
+        ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
+                           last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
+        run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
     complete = piece_head & head & (~goes_on | extends)
     # The run at this chunk's start, begun earlier: the previous chunk finished it when it
     # began there and ends here; otherwise this chunk's part of it is a piece.

@@ -25,11 +25,11 @@ from tbe_plugin.ops import embedding_backward
 # Launch sizes tried, each a set of embedding_backward attributes over the defaults.
 CANDIDATES = [
     {},
-    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 2},
+    {"SCAN_MAX_IDS": 0},  # the default launch, every chunk walking its runs
+    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1},
+    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 2, "SCAN_MAX_IDS": 8},
+    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 4},
     {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 4},
-    {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 8},
-    {"CHUNK_ELEMENTS": 4096, "CHUNK_WARPS": 8},
-    {"CHUNK_ELEMENTS": 512, "CHUNK_WARPS": 2},
 ]
 
 

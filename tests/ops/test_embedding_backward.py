@@ -318,7 +318,7 @@ def test_compiled_backward_after_another_update(backend):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
-def test_hot_rows_update_the_same_every_time_on_cuda(optimizer):
+def test_training_hot_rows_the_same_every_time_on_cuda(optimizer):
     """Two modules with the same weights take one step on the same Zipf(1.15) batch (B=65536,
     tables of D 128 and 64): weights and states agree bit for bit. The crossing kernel once
     raced (one row over all its warps): 2 to 3 rows a step came out different, at random."""

@@ -236,8 +236,7 @@ class StalenessTrainPipeline(TrainPipeline):
             self._look_up(staged)
         if not self._in_flight:
             self._raise_loader_error()
-            self._apply_stash()
-            self._sync_tables()
+            self.drain()  # nothing in flight: the last stash applied, the tables' readers ordered
             raise StopIteration
         return self._train_oldest()
 
@@ -265,15 +264,12 @@ class StalenessTrainPipeline(TrainPipeline):
         while self._in_flight:
             outputs.append(self._train_oldest())
         self._apply_stash()
-        self._sync_tables()
-        return outputs
-
-    def _sync_tables(self) -> None:
-        """Readers of the tables on the current stream (a checkpoint, an evaluation, the code
-        after the end of the data) see every update issued: the current stream waits for the
-        sparse stream. An H200 run at world size 2 read the last update half done without it."""
+        # Readers of the tables on the current stream (a checkpoint, an evaluation, the code
+        # after the end of the data) see every update issued; an H200 run at world size 2
+        # read the last update half done when the end of the data skipped this.
         if self._sparse_stream is not None:
             torch.cuda.current_stream(self._device).wait_stream(self._sparse_stream)
+        return outputs
 
     def detach(self) -> torch.nn.Module:
         """Drains, then gives the model its own forwards back (for evaluation or another

@@ -3,10 +3,14 @@ applied to the row (steps 3 to 5 of ``embedding_backward``, which launches them)
 
 - ``_chunk_kernel`` (segmented scan) and ``_chunk_walk_kernel`` (each run walked by its
   first lane): fixed chunks of CHUNK sorted ids; the runs that start in the chunk and end
-  in it or in the next one are updated there, longer runs leave pieces.
-- ``_block_kernel``: per block of BLOCK_CHUNKS chunks that a run enters from before, the sum
-  of that run's pieces in the block.
-- ``_crossing_kernel``: each longer run (hot rows) sums its pieces and blocks, then updates.
+  in it or in the next one are updated there. Longer runs (hot rows) are left alone: a
+  chunk inside one loads nothing but its sorted rows.
+- ``_block_kernel``: per block of BLOCK_IDS sorted ids that a run enters from before, the
+  sum of that run's gradient rows in the block, gathered STEP ids at a time.
+- ``_crossing_kernel``: each longer run sums its ids up to the end of its first block,
+  then the blocks' sums, and updates its row.
+
+No buffer grows with the number of ids: the blocks' sums take N / BLOCK_IDS rows.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
@@ -48,17 +52,6 @@ def _row_operands(weights_ptr, w_start_ptr, dim_ptr, q, valid, cols, ALIGN: tl.c
 
 
 @triton.jit
-def _edge_rows(sorted_rows_ptr, c0, num_indices, CHUNK: tl.constexpr):
-    """Rows at the previous chunk's start - 1, at the next chunk's start and at the start of
-    the chunk after next: whether the run at this chunk's start began in the previous
-    chunk and ends here, and whether the run at its end goes past the next chunk (long)."""
-    before_prev = tl.load(sorted_rows_ptr + c0 - CHUNK - 1, mask=c0 - CHUNK - 1 >= 0, other=-1)
-    beyond_next = tl.load(sorted_rows_ptr + c0 + CHUNK, mask=c0 + CHUNK < num_indices, other=-1)
-    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
-    return before_prev, beyond_next, after_next
-
-
-@triton.jit
 def _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, row,
                num_indices, cols, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
     """The summed gradient rows of ``row``'s ids in the next chunk (a prefix of it)."""
@@ -70,6 +63,26 @@ def _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr
 
 
 @triton.jit
+def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first, limit,
+             row, cols, SCALED: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """The summed gradient rows of ``row``'s ids from sorted position ``first`` on, below
+    ``limit``: STEP ids gathered per step, in order, until one is not the row's."""
+    total = tl.zeros([cols.shape[0]], dtype=tl.float32)
+    pos = first
+    going_on = pos < limit
+    while going_on:
+        q = pos + tl.arange(0, STEP)
+        inside = q < limit
+        member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
+        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
+        dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
+        total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+        pos += STEP
+        going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (pos < limit)
+    return total
+
+
+@triton.jit
 def _segmented_add(starts_a, sum_a, starts_b, sum_b):
     """Combine of a segmented inclusive sum: ``b`` follows ``a``; a segment start in ``b``
     drops what came before it."""
@@ -77,88 +90,133 @@ def _segmented_add(starts_a, sum_a, starts_b, sum_b):
 
 
 @triton.jit
-def _chunk_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
-    step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
-    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
-    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-    ALIGN: tl.constexpr,
-):  # fmt: skip
-    """Updates the rows whose whole run of ids lies in this chunk of CHUNK sorted ids;
-    leaves the chunk's part of runs that cross its edges in ``pieces``.
-
-    All the chunk's gradient rows are gathered at once and summed per piece (a maximal run
-    of one row inside the chunk) by a segmented scan down the chunk: the piece's sum lands
-    on its last lane, which applies the update. Loads come in two dependent rounds: the
-    sorted arrays, then gradient rows, weights and optimizer state together; no run length
-    puts a chain of loads behind them.
-
-    A run that starts here and ends in the next chunk is summed and updated here too (its
-    ids there are gathered at once); the next chunk leaves it alone. Only runs longer
-    than that go through ``pieces`` and ``_crossing_kernel``.
-    """
-    chunk = tl.program_id(0).to(tl.int64)
-    c0 = chunk * CHUNK
+def _chunk_window(sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+                  c0, num_indices, sentinel, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """The sorted arrays a chunk starting at ``c0`` reads (no load depends on another): its
+    rows and their neighbours, the rows at its edges, gradient-row starts and factors,
+    weight-row starts and D."""
     q = c0 + tl.arange(0, CHUNK)
-    cols = tl.arange(0, BLOCK_D)
     in_range = q < num_indices
     row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    first_row = tl.load(sorted_rows_ptr + c0)
-    before_first = tl.load(sorted_rows_ptr + c0 - 1, mask=c0 > 0, other=-1)
-    before_prev, beyond_next, after_next = _edge_rows(sorted_rows_ptr, c0, num_indices, CHUNK)
+    before_first = tl.load(sorted_rows_ptr + c0 - 1, mask=(c0 > 0) & (c0 <= num_indices), other=-1)
+    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
     start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
-    w_start, dim, row_mask, w_ptrs = _row_operands(
-        weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
-    )
+    w_start = tl.load(sorted_w_start_ptr + q, mask=in_range, other=0) // ALIGN * ALIGN
+    dim = tl.load(sorted_dim_ptr + q, mask=in_range, other=0)
+    return row, prev, nxt, before_first, after_next, start, scale, w_start, dim
+
+
+@triton.jit
+def _chunk_kernel(
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
+    step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+    ALIGN: tl.constexpr, LOOP: tl.constexpr,
+):  # fmt: skip
+    """Updates the rows whose run of ids starts in a chunk of CHUNK sorted ids and ends in
+    it or in the next chunk (``_update_chunk``). One chunk per program, or (LOOP) program
+    p takes chunks p, p + programs, p + 2 * programs, ... and reads a chunk's sorted arrays
+    while the one before it gathers and updates."""
+    chunk = tl.program_id(0).to(tl.int64)
+    row, prev, nxt, before_first, after_next, start, scale, w_start, dim = _chunk_window(
+        sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+        chunk * CHUNK, num_indices, sentinel, SCALED, CHUNK, ALIGN,
+    )  # fmt: skip
+    if LOOP:
+        programs = tl.num_programs(0)
+        num_chunks = (num_indices + CHUNK - 1) // CHUNK
+        while chunk < num_chunks:
+            following = chunk + programs
+            n_row, n_prev, n_nxt, n_before_first, n_after_next, n_start, n_scale, n_w_start, n_dim = _chunk_window(
+                sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+                following * CHUNK, num_indices, sentinel, SCALED, CHUNK, ALIGN,
+            )  # fmt: skip
+            _update_chunk(
+                grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
+                momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
+                sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
+            )  # fmt: skip
+            chunk = following
+            row, prev, nxt, before_first, after_next = n_row, n_prev, n_nxt, n_before_first, n_after_next
+            start, scale, w_start, dim = n_start, n_scale, n_w_start, n_dim
+    else:
+        _update_chunk(
+            grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
+            momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
+            sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+            SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
+        )  # fmt: skip
+
+
+@triton.jit
+def _update_chunk(
+    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
+    momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
+    sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
+    """One chunk's updates, from its sorted arrays (``_chunk_window``).
+
+    All the chunk's gradient rows are gathered at once and summed per piece (a maximal run
+    of one row inside the chunk) by a segmented scan down the chunk: the piece's sum lands
+    on its last lane, which applies the update. The gradient rows, weights and optimizer
+    state come in one round of loads; no run length puts a chain of loads behind them. A
+    run that ends in the next chunk has its ids there (a prefix of that chunk) gathered
+    at once.
+
+    Runs that go on past the next chunk are ``_crossing_kernel``'s: their ids here are not
+    gathered, and a chunk inside one (a hot row) loads nothing more than its sorted arrays.
+    """
+    lane = tl.arange(0, CHUNK)
+    cols = tl.arange(0, BLOCK_D)
+    c0 = chunk * CHUNK
+    q = c0 + lane
     valid = row != sentinel
+    first_row = tl.max(tl.where(lane == 0, row, -1), axis=0)
     head = valid & (row != prev)  # the first id of its row's run
     tail = valid & (row != nxt)  # the last
     last = tl.max(tl.where(valid, q, -1), axis=0)
     is_last = valid & (q == last)
     last_row = tl.max(tl.where(is_last, row, -1), axis=0)
-    piece_end = tail | is_last  # where a piece's sum lands
-    # The run at the chunk's start began before it unless its first id is here.
+    # The run at the chunk's start began before it unless its first id is here; the
+    # previous chunk or the crossing kernel owns it.
     began_here = valid & ((row != first_row) | (before_first != first_row))
     goes_on = is_last & ~tail  # the last piece's run goes on past the chunk
     long_run = after_next == last_row  # ... and past the next chunk too
-    extends = piece_end & began_here & goes_on & ~long_run
-    updated = piece_end & began_here & (~goes_on | extends)
+    owned = began_here & ~(long_run & (row == last_row))  # runs this chunk sums
+    piece_end = (tail | is_last) & owned  # where a run's sum lands
+    extends = piece_end & goes_on
+    row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
+    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
     w, m1, m2 = load_row_state(
-        w_ptrs, w_start, row, cols, row_mask, updated, momentum1_ptr, momentum2_ptr, OPTIMIZER
+        w_ptrs, w_start, row, cols, row_mask, piece_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    g = _gather_gradients(grad_ptr, start, scale, valid, cols, dim, SCALED, ALIGN)
+    g = _gather_gradients(grad_ptr, start, scale, owned, cols, dim, SCALED, ALIGN)
     piece_start = (head | (q == c0)).to(tl.int32)
     _, run_sum = tl.associative_scan(
         (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
     )
-    # A run that starts here and ends in the next chunk: its ids there (a prefix of that
-    # chunk) are added at once.
     if tl.max(extends.to(tl.int32), axis=0) > 0:
         ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
                            last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
         run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
     apply_update(
-        run_sum, w, m1, m2, updated, row_mask, w_ptrs, w_start, row, cols, dim,
+        run_sum, w, m1, m2, piece_end, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
         OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
-    # Pieces of long runs: [chunk, 0] the first run's part (when it began earlier and the
-    # previous chunk did not finish it: that happens when it began there and ends here),
-    # [chunk, 1] the last run's part (when it starts here and is long).
-    finished_before = (before_prev != first_row) & (beyond_next != first_row)
-    piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :] + 0 * q[:, None]
-    first_piece = piece_end & (row == first_row) & ~began_here & ~finished_before
-    tl.store(piece_ptrs, run_sum, mask=first_piece[:, None])
-    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=(goes_on & began_here & long_run)[:, None])
 
 
 @triton.jit
 def _chunk_walk_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, pieces_ptr,
+    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
     step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -167,10 +225,6 @@ def _chunk_walk_kernel(
     """``_chunk_kernel``'s work with each run summed by its first id's lane, one id per step
     after the first two: for chunks of more than SCAN_MAX_IDS ids, where the scan is slower.
 
-    A run that starts here and ends in the next chunk is summed and updated here too (its
-    ids there are gathered at once); the next chunk leaves it alone. Only runs longer
-    than that go through ``pieces`` and ``_crossing_kernel``.
-
     The common case issues its loads in two dependent rounds: first the sorted arrays
     (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the gradient
     rows, weights and optimizer state together.
@@ -178,138 +232,105 @@ def _chunk_walk_kernel(
     chunk = tl.program_id(0).to(tl.int64)
     c0 = chunk * CHUNK
     q = c0 + tl.arange(0, CHUNK)
-    lane = tl.arange(0, CHUNK)
     cols = tl.arange(0, BLOCK_D)
     in_range = q < num_indices
     row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    first_row = tl.load(sorted_rows_ptr + c0)
-    last_row = tl.load(sorted_rows_ptr + tl.minimum(c0 + CHUNK, num_indices) - 1)
-    before_prev, beyond_next, after_next = _edge_rows(sorted_rows_ptr, c0, num_indices, CHUNK)
+    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
     start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
     start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
     w_start, dim, row_mask, w_ptrs = _row_operands(
         weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
     )
     valid = row != sentinel
-    head = valid & (row != prev)  # the first id of its row's run
+    head = valid & (row != prev)  # the first id of its row's run: its lane sums the run
     tail = valid & (row != nxt)  # the last
     last = tl.max(tl.where(valid, q, -1), axis=0)
-    # Pieces: the maximal runs of one row inside this chunk, each owned by the lane of
-    # its first id. Rows whose run starts here load their weights and state now.
-    piece_head = valid & ((lane == 0) | head)
+    last_row = tl.max(tl.where(valid & (q == last), row, -1), axis=0)
+    # Runs that start here, except one going on past the next chunk (the crossing kernel's).
+    owned = head & ~((row == last_row) & (after_next == last_row))
     w, m1, m2 = load_row_state(
-        w_ptrs, w_start, row, cols, row_mask, piece_head & head, momentum1_ptr, momentum2_ptr, OPTIMIZER
+        w_ptrs, w_start, row, cols, row_mask, owned, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    if (first_row == last_row) & (first_row != sentinel):
-        # One row fills the chunk (a hot row): gather all its ids at once and reduce.
-        g = _gather_gradients(grad_ptr, start0, scale0, valid, cols, dim, SCALED, ALIGN)
-        run_sum = tl.where((lane == 0)[:, None], tl.sum(g, axis=0)[None, :], 0.0)
-    else:
-        # Each piece's lane adds its ids' gradients in sorted order: the first two ids
-        # at once (most runs have one or two), then one id per step.
-        second = piece_head & (q + 1 <= last) & (nxt == row)
-        run_sum = _gather_gradients(grad_ptr, start0, scale0, piece_head, cols, dim, SCALED, ALIGN)
-        run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
-        pos = q + 2
-        active = second & (pos <= last)
+    # Each run's lane adds its ids' gradients in sorted order: the first two ids at once
+    # (most runs have one or two), then one id per step up to the chunk's end.
+    second = owned & (q + 1 <= last) & (nxt == row)
+    run_sum = _gather_gradients(grad_ptr, start0, scale0, owned, cols, dim, SCALED, ALIGN)
+    run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
+    pos = q + 2
+    active = second & (pos <= last)
+    active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
+    while tl.max(active.to(tl.int32), axis=0) > 0:
+        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
+        run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
+        pos += 1
+        active &= pos <= last
         active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-        while tl.max(active.to(tl.int32), axis=0) > 0:
-            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
-            run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
-            pos += 1
-            active &= pos <= last
-            active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-    # The piece holding the chunk's last id goes on past the chunk when that id is not
-    # its run's tail. Such a run that started here is finished here when it ends in the
-    # next chunk: its ids there (a prefix of that chunk) are added at once.
+    # A run that goes on into the next chunk (and ends there): its ids there, a prefix of
+    # that chunk, are added at once.
     last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
-    long_run = last_goes_on & (after_next == last_row)
-    goes_on = piece_head & (row == last_row) & last_goes_on
-    extends = goes_on & head & ~long_run
+    extends = owned & (row == last_row) & last_goes_on
     if tl.max(extends.to(tl.int32), axis=0) > 0:
         ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
                            last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
         run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
-    complete = piece_head & head & (~goes_on | extends)
-    # The run at this chunk's start, begun earlier: the previous chunk finished it when it
-    # began there and ends here; otherwise this chunk's part of it is a piece.
-    began_in_previous = before_prev != first_row
-    finished_before = began_in_previous & (beyond_next != first_row)
     apply_update(
-        run_sum, w, m1, m2, complete, row_mask, w_ptrs, w_start, row, cols, dim,
+        run_sum, w, m1, m2, owned, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
         OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
-    # Pieces of long runs: [chunk, 0] the first run's part (when it began earlier and the
-    # previous chunk did not finish it), [chunk, 1] the last run's part (when it starts
-    # here and is long).
-    piece_ptrs = pieces_ptr + chunk * 2 * BLOCK_D + cols[None, :] + 0 * q[:, None]
-    first_piece = piece_head & (lane == 0) & ~head & ~finished_before
-    tl.store(piece_ptrs, run_sum, mask=first_piece[:, None])
-    tl.store(piece_ptrs + BLOCK_D, run_sum, mask=(goes_on & head & long_run)[:, None])
 
 
 @triton.jit
 def _block_kernel(
-    sorted_rows_ptr, pieces_ptr, block_pieces_ptr, num_indices, sentinel,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, BLOCK_CHUNKS: tl.constexpr,
+    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, block_sums_ptr,
+    num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_IDS: tl.constexpr,
+    STEP: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """For a block of BLOCK_CHUNKS chunks that a run enters (begun before it): the sum of
-    that run's pieces in the block, for ``_crossing_kernel`` (read for long runs only; other
-    blocks write zeros). The chunks holding the run are those whose first id is its row: a
-    prefix of the block, the ids being sorted."""
+    """For a block of BLOCK_IDS sorted ids that a run enters (begun before it): the sum of
+    that run's gradient rows in the block (a prefix of it, the ids being sorted), for
+    ``_crossing_kernel``. Read for long runs only; other blocks write zeros."""
     block = tl.program_id(0).to(tl.int64)
-    num_chunks = (num_indices + CHUNK - 1) // CHUNK
-    first_chunk = block * BLOCK_CHUNKS
-    end_chunk = tl.minimum(first_chunk + BLOCK_CHUNKS, num_chunks)
-    row = tl.load(sorted_rows_ptr + first_chunk * CHUNK)
-    before = tl.load(sorted_rows_ptr + first_chunk * CHUNK - 1, mask=first_chunk > 0, other=-1)
+    b0 = block * BLOCK_IDS
+    row = tl.load(sorted_rows_ptr + b0)
+    before = tl.load(sorted_rows_ptr + b0 - 1, mask=b0 > 0, other=-1)
     cols = tl.arange(0, BLOCK_D)
-    span = tl.arange(0, SPAN)
-    total = tl.zeros([BLOCK_D], dtype=tl.float32)
-    going_on = (before == row) & (row != sentinel)
-    next_chunk = first_chunk
-    while going_on:
-        ks = next_chunk + span
-        in_block = ks < end_chunk
-        member = in_block & (tl.load(sorted_rows_ptr + ks * CHUNK, mask=in_block, other=-1) == row)
-        piece = tl.load(pieces_ptr + ks[:, None] * 2 * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
-        total += tl.sum(piece, axis=0)
-        next_chunk += SPAN
-        going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (next_chunk < end_chunk)
-    tl.store(block_pieces_ptr + block * BLOCK_D + cols, total)
+    enters = (before == row) & (row != sentinel)
+    limit = tl.where(enters, tl.minimum(b0 + BLOCK_IDS, num_indices), b0)  # no run: no step
+    total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, b0,
+                     limit, row, cols, SCALED, STEP, ALIGN)  # fmt: skip
+    tl.store(block_sums_ptr + block * BLOCK_D + cols, total)
 
 
 @triton.jit
 def _crossing_kernel(
-    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, weights_ptr, momentum1_ptr,
-    momentum2_ptr, pieces_ptr, block_pieces_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    weights_ptr, momentum1_ptr, momentum2_ptr, block_sums_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
     seed, num_indices, sentinel,
-    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr, ALIGN: tl.constexpr,
-    CHUNKS_PER_PROGRAM: tl.constexpr, BLOCK_CHUNKS: tl.constexpr,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr,
+    ALIGN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, BLOCK_IDS: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     """Runs that begin in one chunk and go on past the next (CHUNKS_PER_PROGRAM chunks
-    looked at per program, most with none): add each run's pieces up to the end of its
-    first block of BLOCK_CHUNKS chunks, then the blocks' sums (``_block_kernel``), SPAN at
-    a time; then update its row."""
+    looked at per program, most with none): sum each run's gradient rows up to the end of
+    its first block of BLOCK_IDS ids, STEP ids at a time, then add the sums of the blocks
+    it enters (``_block_kernel``), SPAN at a time; then update its row."""
     num_chunks = (num_indices + CHUNK - 1) // CHUNK
-    num_blocks = (num_chunks + BLOCK_CHUNKS - 1) // BLOCK_CHUNKS
+    num_blocks = (num_indices + BLOCK_IDS - 1) // BLOCK_IDS
     chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
     exists = chunks < num_chunks
     firsts = chunks * CHUNK
     lasts = tl.minimum(firsts + CHUNK, num_indices) - 1
     rows = tl.load(sorted_rows_ptr + lasts, mask=exists, other=sentinel)
-    after = tl.load(sorted_rows_ptr + lasts + 1, mask=exists & (lasts + 1 < num_indices), other=-1)
     before = tl.load(sorted_rows_ptr + firsts - 1, mask=exists & (firsts > 0), other=-1)
-    # Runs the chunk kernel left: they go past the chunk after their first one.
+    # The run holding the chunk's last id starts in the chunk and goes past the next one.
     after_next = tl.load(
         sorted_rows_ptr + firsts + 2 * CHUNK, mask=exists & (firsts + 2 * CHUNK < num_indices), other=-1
     )
-    starts = exists & (rows != sentinel) & (after == rows) & (before != rows) & (after_next == rows)
+    starts = exists & (rows != sentinel) & (before != rows) & (after_next == rows)
     cols = tl.arange(0, BLOCK_D)
+    lane = tl.arange(0, CHUNK)
     span = tl.arange(0, SPAN)
     one = tl.arange(0, 1)
     active = one >= 0
@@ -318,31 +339,20 @@ def _crossing_kernel(
         starts &= chunks != chunk
         last = tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1
         row = tl.load(sorted_rows_ptr + last)
-        total = tl.load(pieces_ptr + chunk * 2 * BLOCK_D + BLOCK_D + cols)
-        # The pieces that follow in this block, SPAN chunks per step: chunk k holds part of
-        # the run when its first id is the run's row (a prefix: the ids are sorted).
-        limit = tl.minimum((chunk // BLOCK_CHUNKS + 1) * BLOCK_CHUNKS, num_chunks)
-        next_chunk = chunk + 1
-        going_on = next_chunk < limit
-        while going_on:
-            ks = next_chunk + span
-            k_in = ks < limit
-            member = k_in & (tl.load(sorted_rows_ptr + ks * CHUNK, mask=k_in, other=-1) == row)
-            piece = tl.load(
-                pieces_ptr + ks[:, None] * 2 * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0
-            )
-            total += tl.sum(piece, axis=0)
-            next_chunk += SPAN
-            going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (next_chunk < limit)
-        # Then the blocks the run enters: each block's sum of the run's pieces, SPAN blocks
-        # per step, while the blocks start inside the run.
-        next_block = chunk // BLOCK_CHUNKS + 1
+        q = chunk * CHUNK + lane
+        first = tl.min(tl.where(tl.load(sorted_rows_ptr + q, mask=q <= last, other=-1) == row, q, last), axis=0)
+        # Its ids up to the end of its first block, then the sums of the blocks it enters,
+        # SPAN blocks per step, while the blocks start inside the run.
+        block_end = tl.minimum((first // BLOCK_IDS + 1) * BLOCK_IDS, num_indices)
+        total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first,
+                         block_end, row, cols, SCALED, STEP, ALIGN)  # fmt: skip
+        next_block = first // BLOCK_IDS + 1
         going_on = next_block < num_blocks
         while going_on:
             bs = next_block + span
             b_in = bs < num_blocks
-            member = b_in & (tl.load(sorted_rows_ptr + bs * BLOCK_CHUNKS * CHUNK, mask=b_in, other=-1) == row)
-            part = tl.load(block_pieces_ptr + bs[:, None] * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
+            member = b_in & (tl.load(sorted_rows_ptr + bs * BLOCK_IDS, mask=b_in, other=-1) == row)
+            part = tl.load(block_sums_ptr + bs[:, None] * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
             total += tl.sum(part, axis=0)
             next_block += SPAN
             going_on = tl.min(member.to(tl.int32), axis=0) == 1

@@ -12,15 +12,15 @@ No dense gradient is ever materialized. The backward of one batch:
 3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers its output-gradient
    rows at once, sums them per run of one row with a segmented scan (a fixed tree: no
    chain of loads however long the run) and applies the optimizer to every run that
-   starts in the chunk and ends in it or in the next one. For longer runs it writes the
-   chunk's piece. Chunks of more than SCAN_MAX_IDS ids use ``_chunk_walk_kernel`` (each
-   run walked by its first lane), faster there.
-4. ``_block_kernel``: per block of BLOCK_CHUNKS chunks that a run enters from before, the
-   sum of that run's pieces in the block, all blocks in parallel.
-5. ``_crossing_kernel``: each run longer than that (hot rows) adds its pieces up to the end
-   of its first block, then the sums of the blocks it enters, SPAN at a time, and applies
-   the optimizer. A hot row never serializes a chunk, and its own sum takes about
-   len / (CHUNK * BLOCK_CHUNKS * SPAN) + 2 * BLOCK_CHUNKS / SPAN steps, in a fixed order.
+   starts in the chunk and ends in it or in the next one. Chunks of more than SCAN_MAX_IDS
+   ids use ``_chunk_walk_kernel`` (each run walked by its first lane), faster there.
+4. ``_block_kernel``: per block of BLOCK_IDS sorted ids that a run enters from before, the
+   sum of that run's gradient rows in the block, all blocks in parallel.
+5. ``_crossing_kernel``: each run longer than that (hot rows) sums its ids up to the end of
+   its first block, then the sums of the blocks it enters, SPAN at a time, and applies the
+   optimizer. A hot row never serializes a chunk, and its own sum takes about
+   BLOCK_IDS / STEP + len / (BLOCK_IDS * SPAN) steps, in a fixed order. Memory beyond
+   the sorted operands: one fp32 row per block.
 
 Steps 3 to 5 are in ``tbe_plugin.ops.backward_runs``. The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
@@ -29,6 +29,7 @@ aggregated gradient, as FBGEMM's exact optimizers do.
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -154,50 +155,56 @@ def _psw_grad_kernel(
 
 # Ids per chunk times BLOCK_D, and warps: 512 elements over 2 warps (4 ids at D=128). Chunks
 # of up to SCAN_MAX_IDS ids sum their runs by a segmented scan (``_chunk_kernel``), larger
-# ones (smaller D, or chunks grown for memory) by walking (``_chunk_walk_kernel``). Backward
-# of rowwise Adagrad on the H200 (T=32, D=128, E=1e6; ms): B=8192 L=20: scan 2.92 at 4 ids /
-# 2 warps, walk 3.20; at 8 ids / 4 warps scan 3.80, walk 3.35; chunks grown to 16 ids (L=100)
-# and 32 (B=65536): scan 23.3 and 71.5, walk 19.1 and 39.4. Nothing spills at sm_90 (ptxas).
+# ones (smaller D) by walking (``_chunk_walk_kernel``). Backward of rowwise Adagrad on the
+# H200 (T=32, B=8192, L=20, D=128, E=1e6; ms): scan 2.92 at 4 ids / 2 warps, walk 3.20; at
+# 8 ids / 4 warps scan 3.80, walk 3.35. Nothing spills at sm_90 (ptxas).
 CHUNK_ELEMENTS = 512
 CHUNK_WARPS = 2
 SCAN_MAX_IDS = 4
 MIN_CHUNK = 2
-MAX_CHUNK_ELEMENTS = 4096
-PIECES_BUDGET_BYTES = 2 << 30  # the crossing pieces' buffer, before chunks grow
+# Programs of the scan kernel per SM, each looping over chunks (reading the next chunk's
+# sorted arrays while it updates one); 0: a program per chunk. CPU: 2 "SMs".
+CHUNK_PROGRAMS_PER_SM = 16
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
-CROSSING_SPAN = 16  # chunks of a hot row's pieces summed per step
+CROSSING_SPAN = 16  # blocks' sums of a hot row added per step
 CROSSING_WARPS = 8
-CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a crossing run's start per program
-CROSSING_BLOCK_CHUNKS = 256  # chunks per block of _block_kernel (a multiple of CROSSING_SPAN)
+CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a long run's start per program
+BLOCK_IDS = 1024  # sorted ids per block of _block_kernel
+STEP_ELEMENTS = 8192  # gradient elements gathered per step of a long run (64 rows of D=128)
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
-def chunk_launch_config(block_d: int, num_indices: int = 0) -> tuple:
+def chunk_launch_config(block_d: int) -> tuple:
     """(ids per chunk, warps) of the update kernel: CHUNK_ELEMENTS per chunk over
     CHUNK_WARPS, but at least MIN_CHUNK ids; a larger tile (rows wider than
-    CHUNK_ELEMENTS / MIN_CHUNK) gets a warp per 512 elements, up to 16.
-
-    The crossing pieces take 2 fp32 rows per chunk: when ``num_indices`` ids would need
-    more than PIECES_BUDGET_BYTES, chunks double (up to MAX_CHUNK_ELEMENTS a tile), trading
-    a little speed for memory (B=65536, L=20, 32 tables of D=128: 5.4 GB at 8 ids a chunk,
-    1.3 GB at 32)."""
+    CHUNK_ELEMENTS / MIN_CHUNK) gets a warp per 512 elements, up to 16."""
     chunk = max(MIN_CHUNK, CHUNK_ELEMENTS // block_d)
-    while (
-        2 * chunk * block_d <= MAX_CHUNK_ELEMENTS
-        and _pieces_bytes(num_indices, chunk, block_d) > PIECES_BUDGET_BYTES
-    ):
-        chunk *= 2
     if chunk * block_d <= CHUNK_ELEMENTS:
         return chunk, CHUNK_WARPS
     return chunk, min(16, chunk * block_d // 512)
 
 
-def _pieces_bytes(num_indices: int, chunk: int, block_d: int) -> int:
-    return triton.cdiv(num_indices, chunk) * 2 * block_d * 4
+def chunk_programs(num_chunks: int, device: torch.device) -> int:
+    """Programs of the scan kernel: CHUNK_PROGRAMS_PER_SM per SM, at most one per chunk."""
+    if CHUNK_PROGRAMS_PER_SM == 0:
+        return num_chunks
+    return max(1, min(num_chunks, _sm_count(device) * CHUNK_PROGRAMS_PER_SM))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def long_run_step(block_d: int) -> int:
+    """Ids gathered per step of a long run's sum (``_block_kernel``, ``_crossing_kernel``)."""
+    return max(1, STEP_ELEMENTS // block_d)
 
 
 def backward_update(
@@ -274,9 +281,8 @@ def backward_update(
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    chunk, chunk_warps = chunk_launch_config(block_d, N)
+    chunk, chunk_warps = chunk_launch_config(block_d)
     num_chunks = triton.cdiv(N, chunk)
-    pieces = torch.empty(num_chunks * 2 * block_d, dtype=torch.float32, device=device)
     if step is None:
         step = rows  # never read: only Adam and LAMB take a step count
     m1 = momentum1 if momentum1 is not None else weights
@@ -289,23 +295,30 @@ def backward_update(
         CHUNK=chunk,
         BLOCK_D=block_d,
         ALIGN=align,
+        SCALED=scaled,
     )
-    chunk_kernel = _chunk_kernel if chunk <= SCAN_MAX_IDS else _chunk_walk_kernel
-    chunk_kernel[(num_chunks,)](
-        grad_output, sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
-        weights, m1, m2, pieces, step, *hyper, N, sentinel,
-        SCALED=scaled, num_warps=chunk_warps, **modes,
-    )  # fmt: skip
-    num_blocks = triton.cdiv(num_chunks, CROSSING_BLOCK_CHUNKS)
-    block_pieces = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
+    sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
+    if chunk <= SCAN_MAX_IDS:
+        _chunk_kernel[(chunk_programs(num_chunks, device),)](
+            grad_output, *sorted_operands, weights, m1, m2, step, *hyper, N, sentinel,
+            LOOP=CHUNK_PROGRAMS_PER_SM > 0, num_warps=chunk_warps, **modes,
+        )  # fmt: skip
+    else:
+        _chunk_walk_kernel[(num_chunks,)](
+            grad_output, *sorted_operands, weights, m1, m2, step, *hyper, N, sentinel,
+            num_warps=chunk_warps, **modes,
+        )  # fmt: skip
+    num_blocks = triton.cdiv(N, BLOCK_IDS)
+    run_step = long_run_step(block_d)
+    block_sums = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
     _block_kernel[(num_blocks,)](
-        sorted_rows, pieces, block_pieces, N, sentinel,
-        CHUNK=chunk, BLOCK_D=block_d, SPAN=CROSSING_SPAN, BLOCK_CHUNKS=CROSSING_BLOCK_CHUNKS,
+        grad_output, sorted_rows, sorted_dim, sorted_grad_offset, sorted_scale, block_sums, N, sentinel,
+        SCALED=scaled, BLOCK_D=block_d, BLOCK_IDS=BLOCK_IDS, STEP=run_step, ALIGN=align,
         num_warps=CROSSING_WARPS,
     )  # fmt: skip
     _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
-        sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, pieces, block_pieces, step, *hyper, N,
-        sentinel, SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM,
-        BLOCK_CHUNKS=CROSSING_BLOCK_CHUNKS, num_warps=CROSSING_WARPS, **modes,
+        grad_output, *sorted_operands, weights, m1, m2, block_sums, step, *hyper, N, sentinel,
+        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, BLOCK_IDS=BLOCK_IDS, STEP=run_step,
+        num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

@@ -90,8 +90,10 @@ def _segmented_add(starts_a, sum_a, starts_b, sum_b):
 
 
 @triton.jit
-def _chunk_window(sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-                  c0, num_indices, sentinel, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+def _chunk_window(
+    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, c0, num_indices,
+    sentinel, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
     """The sorted arrays a chunk starting at ``c0`` reads (no load depends on another): its
     rows and their neighbours, the rows at its edges, gradient-row starts and factors,
     weight-row starts and D."""

@@ -25,11 +25,13 @@ from tbe_plugin.ops import embedding_backward
 # Launch sizes tried, each a set of embedding_backward attributes over the defaults.
 CANDIDATES = [
     {},
-    {"SCAN_MAX_IDS": 0},  # the default launch, every chunk walking its runs
-    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1},
-    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 2, "SCAN_MAX_IDS": 8},
-    {"CHUNK_ELEMENTS": 1024, "CHUNK_WARPS": 4},
-    {"CHUNK_ELEMENTS": 2048, "CHUNK_WARPS": 4},
+    {"CHUNK_PROGRAMS_PER_SM": 0},  # a program per chunk, no loop
+    {"CHUNK_PROGRAMS_PER_SM": 8},
+    {"CHUNK_PROGRAMS_PER_SM": 32},
+    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1},  # 2-id chunks on 1 warp
+    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1, "CHUNK_PROGRAMS_PER_SM": 0},
+    {"CROSSING_CHUNKS_PER_PROGRAM": 16},
+    {"BLOCK_IDS": 4096},
 ]
 
 

@@ -5,12 +5,14 @@ applied to the row (steps 3 to 5 of ``embedding_backward``, which launches them)
   first lane): fixed chunks of CHUNK sorted ids; the runs that start in the chunk and end
   in it or in the next one are updated there. Longer runs (hot rows) are left alone: a
   chunk inside one loads nothing but its sorted rows.
-- ``_block_kernel``: per block of BLOCK_IDS sorted ids that a run enters from before, the
-  sum of that run's gradient rows in the block, gathered STEP ids at a time.
-- ``_crossing_kernel``: each longer run sums its ids up to the end of its first block,
-  then the blocks' sums, and updates its row.
+- ``_segment_kernel``: per segment of STEP sorted ids that a run enters from before, the sum
+  of that run's gradient rows in the segment; ``_block_kernel``: the same per block of SPAN
+  segments, from the segments' sums.
+- ``_crossing_kernel``: each longer run sums its ids to the end of its segment, then the
+  sums of the segments and blocks it enters, and updates its row.
 
-No buffer grows with the number of ids: the blocks' sums take N / BLOCK_IDS rows.
+The sums take N / STEP + N / (STEP * SPAN) rows of BLOCK_D fp32 (about 2 bytes per id at
+D=128): nothing else grows with the batch.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
@@ -117,42 +119,24 @@ def _chunk_kernel(
     step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-    ALIGN: tl.constexpr, LOOP: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Updates the rows whose run of ids starts in a chunk of CHUNK sorted ids and ends in
-    it or in the next chunk (``_update_chunk``). One chunk per program, or (LOOP) program
-    p takes chunks p, p + programs, p + 2 * programs, ... and reads a chunk's sorted arrays
-    while the one before it gathers and updates."""
+    """Updates the rows whose run of ids starts in this chunk of CHUNK sorted ids and ends
+    in it or in the next chunk (``_update_chunk``). A program per chunk: programs that
+    looped over chunks, reading the next one's sorted arrays while updating one, were
+    slower on the H200 (96 registers instead of 56; rowwise Adagrad, T=32, B=8192, L=20,
+    D=128: 3.87 ms against 3.05)."""
     chunk = tl.program_id(0).to(tl.int64)
     row, prev, nxt, before_first, after_next, start, scale, w_start, dim = _chunk_window(
         sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
         chunk * CHUNK, num_indices, sentinel, SCALED, CHUNK, ALIGN,
     )  # fmt: skip
-    if LOOP:
-        programs = tl.num_programs(0)
-        num_chunks = (num_indices + CHUNK - 1) // CHUNK
-        while chunk < num_chunks:
-            following = chunk + programs
-            n_row, n_prev, n_nxt, n_before_first, n_after_next, n_start, n_scale, n_w_start, n_dim = _chunk_window(
-                sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-                following * CHUNK, num_indices, sentinel, SCALED, CHUNK, ALIGN,
-            )  # fmt: skip
-            _update_chunk(
-                grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
-                momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
-                sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
-                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
-            )  # fmt: skip
-            chunk = following
-            row, prev, nxt, before_first, after_next = n_row, n_prev, n_nxt, n_before_first, n_after_next
-            start, scale, w_start, dim = n_start, n_scale, n_w_start, n_dim
-    else:
-        _update_chunk(
-            grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
-            momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
-            sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
-            SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
-        )  # fmt: skip
+    _update_chunk(
+        grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
+        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
+        sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+        SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -285,41 +269,87 @@ def _chunk_walk_kernel(
 
 
 @triton.jit
-def _block_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, block_sums_ptr,
-    num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_IDS: tl.constexpr,
-    STEP: tl.constexpr, ALIGN: tl.constexpr,
+def _segment_kernel(
+    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, segment_sums_ptr,
+    num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """For a block of BLOCK_IDS sorted ids that a run enters (begun before it): the sum of
-    that run's gradient rows in the block (a prefix of it, the ids being sorted), for
-    ``_crossing_kernel``. Read for long runs only; other blocks write zeros."""
+    """For a segment of STEP sorted ids that a run enters (begun before it): the sum of that
+    run's gradient rows in the segment (a prefix of it, the ids being sorted), for
+    ``_block_kernel`` and ``_crossing_kernel``. Segments no run enters store nothing (no
+    one reads them)."""
+    segment = tl.program_id(0).to(tl.int64)
+    s0 = segment * STEP
+    q = s0 + tl.arange(0, STEP)
+    cols = tl.arange(0, BLOCK_D)
+    row = tl.load(sorted_rows_ptr + s0)
+    before = tl.load(sorted_rows_ptr + s0 - 1, mask=s0 > 0, other=-1)
+    enters = (before == row) & (row != sentinel)
+    inside = enters & (q < num_indices)
+    member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
+    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
+    dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
+    total = tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+    tl.store(segment_sums_ptr + segment * BLOCK_D + cols, total, mask=enters & (cols >= 0))
+
+
+@triton.jit
+def _sum_entered(sorted_rows_ptr, sums_ptr, first, count, stride, row, cols, SPAN: tl.constexpr):
+    """The sum of ``sums`` rows first, first + 1, ... (below ``count``) while the unit each
+    stands for (``stride`` sorted ids) starts inside ``row``'s run: SPAN rows per step."""
+    span = tl.arange(0, SPAN)
+    total = tl.zeros([cols.shape[0]], dtype=tl.float32)
+    k0 = first
+    going_on = k0 < count
+    while going_on:
+        ks = k0 + span
+        k_in = ks < count
+        member = k_in & (tl.load(sorted_rows_ptr + ks * stride, mask=k_in, other=-1) == row)
+        part = tl.load(sums_ptr + ks[:, None] * cols.shape[0] + cols[None, :], mask=member[:, None], other=0.0)
+        total += tl.sum(part, axis=0)
+        k0 += SPAN
+        going_on = tl.min(member.to(tl.int32), axis=0) == 1
+    return total
+
+
+@triton.jit
+def _block_kernel(
+    sorted_rows_ptr, segment_sums_ptr, block_sums_ptr, num_indices, sentinel,
+    BLOCK_D: tl.constexpr, STEP: tl.constexpr, SPAN: tl.constexpr,
+):  # fmt: skip
+    """For a block of SPAN segments that a run enters (begun before it): the sum of that
+    run's segment sums in the block (the segments it enters: a prefix of the block). Blocks
+    no run enters store nothing."""
     block = tl.program_id(0).to(tl.int64)
-    b0 = block * BLOCK_IDS
+    first_segment = block * SPAN
+    num_segments = (num_indices + STEP - 1) // STEP
+    b0 = first_segment * STEP
+    cols = tl.arange(0, BLOCK_D)
     row = tl.load(sorted_rows_ptr + b0)
     before = tl.load(sorted_rows_ptr + b0 - 1, mask=b0 > 0, other=-1)
-    cols = tl.arange(0, BLOCK_D)
     enters = (before == row) & (row != sentinel)
-    limit = tl.where(enters, tl.minimum(b0 + BLOCK_IDS, num_indices), b0)  # no run: no step
-    total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, b0,
-                     limit, row, cols, SCALED, STEP, ALIGN)  # fmt: skip
-    tl.store(block_sums_ptr + block * BLOCK_D + cols, total)
+    count = tl.where(enters, tl.minimum(first_segment + SPAN, num_segments), first_segment)  # no run: no step
+    total = _sum_entered(sorted_rows_ptr, segment_sums_ptr, first_segment, count, STEP, row, cols, SPAN)
+    tl.store(block_sums_ptr + block * BLOCK_D + cols, total, mask=enters & (cols >= 0))
 
 
 @triton.jit
 def _crossing_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    weights_ptr, momentum1_ptr, momentum2_ptr, block_sums_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
-    seed, num_indices, sentinel,
+    weights_ptr, momentum1_ptr, momentum2_ptr, segment_sums_ptr, block_sums_ptr, step_ptr, lr, eps, beta1, beta2,
+    weight_decay, seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr,
-    ALIGN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, BLOCK_IDS: tl.constexpr, STEP: tl.constexpr,
+    ALIGN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     """Runs that begin in one chunk and go on past the next (CHUNKS_PER_PROGRAM chunks
     looked at per program, most with none): sum each run's gradient rows up to the end of
-    its first block of BLOCK_IDS ids, STEP ids at a time, then add the sums of the blocks
-    it enters (``_block_kernel``), SPAN at a time; then update its row."""
+    its segment of STEP ids, then the sums of the segments it enters up to the end of its
+    block of SPAN segments (``_segment_kernel``), then the sums of the blocks it enters
+    (``_block_kernel``), SPAN at a time; then update its row. A run of n ids takes about
+    3 + n / (STEP * SPAN * SPAN) steps."""
     num_chunks = (num_indices + CHUNK - 1) // CHUNK
-    num_blocks = (num_indices + BLOCK_IDS - 1) // BLOCK_IDS
+    num_segments = (num_indices + STEP - 1) // STEP
+    num_blocks = (num_segments + SPAN - 1) // SPAN
     chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
     exists = chunks < num_chunks
     firsts = chunks * CHUNK
@@ -333,7 +363,6 @@ def _crossing_kernel(
     starts = exists & (rows != sentinel) & (before != rows) & (after_next == rows)
     cols = tl.arange(0, BLOCK_D)
     lane = tl.arange(0, CHUNK)
-    span = tl.arange(0, SPAN)
     one = tl.arange(0, 1)
     active = one >= 0
     while tl.max(starts.to(tl.int32), axis=0) > 0:
@@ -343,21 +372,15 @@ def _crossing_kernel(
         row = tl.load(sorted_rows_ptr + last)
         q = chunk * CHUNK + lane
         first = tl.min(tl.where(tl.load(sorted_rows_ptr + q, mask=q <= last, other=-1) == row, q, last), axis=0)
-        # Its ids up to the end of its first block, then the sums of the blocks it enters,
-        # SPAN blocks per step, while the blocks start inside the run.
-        block_end = tl.minimum((first // BLOCK_IDS + 1) * BLOCK_IDS, num_indices)
+        # Its ids to the end of its segment, then the segments it enters to the end of their
+        # block, then the blocks it enters.
+        segment = first // STEP
         total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first,
-                         block_end, row, cols, SCALED, STEP, ALIGN)  # fmt: skip
-        next_block = first // BLOCK_IDS + 1
-        going_on = next_block < num_blocks
-        while going_on:
-            bs = next_block + span
-            b_in = bs < num_blocks
-            member = b_in & (tl.load(sorted_rows_ptr + bs * BLOCK_IDS, mask=b_in, other=-1) == row)
-            part = tl.load(block_sums_ptr + bs[:, None] * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
-            total += tl.sum(part, axis=0)
-            next_block += SPAN
-            going_on = tl.min(member.to(tl.int32), axis=0) == 1
+                         tl.minimum((segment + 1) * STEP, num_indices), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
+        block = segment // SPAN
+        total += _sum_entered(sorted_rows_ptr, segment_sums_ptr, segment + 1,
+                              tl.minimum((block + 1) * SPAN, num_segments), STEP, row, cols, SPAN)  # fmt: skip
+        total += _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, STEP * SPAN, row, cols, SPAN)
         w_start, dim, row_mask, w_ptrs = _row_operands(
             weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
         )

@@ -14,13 +14,14 @@ No dense gradient is ever materialized. The backward of one batch:
    chain of loads however long the run) and applies the optimizer to every run that
    starts in the chunk and ends in it or in the next one. Chunks of more than SCAN_MAX_IDS
    ids use ``_chunk_walk_kernel`` (each run walked by its first lane), faster there.
-4. ``_block_kernel``: per block of BLOCK_IDS sorted ids that a run enters from before, the
-   sum of that run's gradient rows in the block, all blocks in parallel.
-5. ``_crossing_kernel``: each run longer than that (hot rows) sums its ids up to the end of
-   its first block, then the sums of the blocks it enters, SPAN at a time, and applies the
-   optimizer. A hot row never serializes a chunk, and its own sum takes about
-   BLOCK_IDS / STEP + len / (BLOCK_IDS * SPAN) steps, in a fixed order. Memory beyond
-   the sorted operands: one fp32 row per block.
+4. ``_segment_kernel``: per segment of STEP sorted ids that a run enters from before, the
+   sum of that run's gradient rows in the segment; ``_block_kernel``: the same per block
+   of SPAN segments, from the segments' sums. All in parallel.
+5. ``_crossing_kernel``: each run longer than that (hot rows) sums its ids to the end of
+   its segment, then the sums of the segments and blocks it enters, SPAN at a time, and
+   applies the optimizer. A hot row never serializes a chunk, and its own sum takes about
+   3 + len / (STEP * SPAN * SPAN) steps, in a fixed order. Memory beyond the sorted
+   operands: one fp32 row per segment and per block (about 2 bytes per id at D=128).
 
 Steps 3 to 5 are in ``tbe_plugin.ops.backward_runs``. The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
@@ -29,7 +30,6 @@ aggregated gradient, as FBGEMM's exact optimizers do.
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
-import functools
 from typing import Optional
 
 import torch
@@ -41,6 +41,7 @@ from tbe_plugin.ops.backward_runs import (
     _chunk_kernel,
     _chunk_walk_kernel,
     _crossing_kernel,
+    _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, new_status
 from tbe_plugin.ops.indexing import (
@@ -162,16 +163,12 @@ CHUNK_ELEMENTS = 512
 CHUNK_WARPS = 2
 SCAN_MAX_IDS = 4
 MIN_CHUNK = 2
-# Programs of the scan kernel per SM, each looping over chunks (reading the next chunk's
-# sorted arrays while it updates one); 0: a program per chunk. CPU: 2 "SMs".
-CHUNK_PROGRAMS_PER_SM = 16
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
-CROSSING_SPAN = 16  # blocks' sums of a hot row added per step
+CROSSING_SPAN = 16  # segments per block, and segments' or blocks' sums added per step
 CROSSING_WARPS = 8
 CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a long run's start per program
-BLOCK_IDS = 1024  # sorted ids per block of _block_kernel
-STEP_ELEMENTS = 8192  # gradient elements gathered per step of a long run (64 rows of D=128)
+STEP_ELEMENTS = 8192  # gradient elements per segment of a long run (64 rows of D=128)
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
@@ -188,22 +185,8 @@ def chunk_launch_config(block_d: int) -> tuple:
     return chunk, min(16, chunk * block_d // 512)
 
 
-def chunk_programs(num_chunks: int, device: torch.device) -> int:
-    """Programs of the scan kernel: CHUNK_PROGRAMS_PER_SM per SM, at most one per chunk."""
-    if CHUNK_PROGRAMS_PER_SM == 0:
-        return num_chunks
-    return max(1, min(num_chunks, _sm_count(device) * CHUNK_PROGRAMS_PER_SM))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def long_run_step(block_d: int) -> int:
-    """Ids gathered per step of a long run's sum (``_block_kernel``, ``_crossing_kernel``)."""
+    """Sorted ids per segment of a long run's sum (``_segment_kernel``, ``_crossing_kernel``)."""
     return max(1, STEP_ELEMENTS // block_d)
 
 
@@ -298,27 +281,27 @@ def backward_update(
         SCALED=scaled,
     )
     sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
-    if chunk <= SCAN_MAX_IDS:
-        _chunk_kernel[(chunk_programs(num_chunks, device),)](
-            grad_output, *sorted_operands, weights, m1, m2, step, *hyper, N, sentinel,
-            LOOP=CHUNK_PROGRAMS_PER_SM > 0, num_warps=chunk_warps, **modes,
-        )  # fmt: skip
-    else:
-        _chunk_walk_kernel[(num_chunks,)](
-            grad_output, *sorted_operands, weights, m1, m2, step, *hyper, N, sentinel,
-            num_warps=chunk_warps, **modes,
-        )  # fmt: skip
-    num_blocks = triton.cdiv(N, BLOCK_IDS)
+    chunk_kernel = _chunk_kernel if chunk <= SCAN_MAX_IDS else _chunk_walk_kernel
+    chunk_kernel[(num_chunks,)](
+        grad_output, *sorted_operands, weights, m1, m2, step, *hyper, N, sentinel,
+        num_warps=chunk_warps, **modes,
+    )  # fmt: skip
     run_step = long_run_step(block_d)
+    num_segments = triton.cdiv(N, run_step)
+    num_blocks = triton.cdiv(num_segments, CROSSING_SPAN)
+    segment_sums = torch.empty(num_segments * block_d, dtype=torch.float32, device=device)
     block_sums = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
+    _segment_kernel[(num_segments,)](
+        grad_output, sorted_rows, sorted_dim, sorted_grad_offset, sorted_scale, segment_sums, N, sentinel,
+        SCALED=scaled, BLOCK_D=block_d, STEP=run_step, ALIGN=align, num_warps=CROSSING_WARPS,
+    )  # fmt: skip
     _block_kernel[(num_blocks,)](
-        grad_output, sorted_rows, sorted_dim, sorted_grad_offset, sorted_scale, block_sums, N, sentinel,
-        SCALED=scaled, BLOCK_D=block_d, BLOCK_IDS=BLOCK_IDS, STEP=run_step, ALIGN=align,
-        num_warps=CROSSING_WARPS,
+        sorted_rows, segment_sums, block_sums, N, sentinel,
+        BLOCK_D=block_d, STEP=run_step, SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS,
     )  # fmt: skip
     _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
-        grad_output, *sorted_operands, weights, m1, m2, block_sums, step, *hyper, N, sentinel,
-        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, BLOCK_IDS=BLOCK_IDS, STEP=run_step,
+        grad_output, *sorted_operands, weights, m1, m2, segment_sums, block_sums, step, *hyper, N, sentinel,
+        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, STEP=run_step,
         num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

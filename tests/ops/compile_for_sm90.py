@@ -20,7 +20,7 @@ from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
-FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "block_sums_ptr", "out_ptr",
+FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "block_sums_ptr", "segment_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
 INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr")
 
@@ -91,20 +91,21 @@ def variants():
             chunk, chunk_warps = backward.chunk_launch_config(block_d)
             chunk_kernel = backward._chunk_kernel if chunk <= backward.SCAN_MAX_IDS else backward._chunk_walk_kernel
             step = backward.long_run_step(block_d)
-            scan = dict(LOOP=backward.CHUNK_PROGRAMS_PER_SM > 0) if chunk_kernel is backward._chunk_kernel else {}
             for optimizer in range(6):
                 yield chunk_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
-                    STOCHASTIC_ROUNDING=rounding, CHUNK=chunk, BLOCK_D=block_d, ALIGN=4, **scan,
+                    STOCHASTIC_ROUNDING=rounding, CHUNK=chunk, BLOCK_D=block_d, ALIGN=4,
                 ), chunk_warps, weights, "*i32"  # fmt: skip
                 yield backward._crossing_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
                     CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,
-                    CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM, BLOCK_IDS=backward.BLOCK_IDS,
-                    STEP=step,
+                    CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM, STEP=step,
                 ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
+            yield backward._segment_kernel, dict(
+                SCALED=True, BLOCK_D=block_d, STEP=step, ALIGN=4,
+            ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
             yield backward._block_kernel, dict(
-                SCALED=True, BLOCK_D=block_d, BLOCK_IDS=backward.BLOCK_IDS, STEP=step, ALIGN=4,
+                BLOCK_D=block_d, STEP=step, SPAN=backward.CROSSING_SPAN,
             ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)

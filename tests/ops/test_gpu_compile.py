@@ -25,8 +25,8 @@ def compiled():
 def test_every_kernel_compiles_for_sm90(compiled):
     kernels = {r["kernel"] for r in compiled}
     assert {"_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel",
-            "_positions_kernel", "_chunk_kernel", "_chunk_walk_kernel", "_block_kernel", "_crossing_kernel",
-            "_psw_grad_kernel"} <= kernels  # fmt: skip
+            "_positions_kernel", "_chunk_kernel", "_chunk_walk_kernel", "_segment_kernel", "_block_kernel",
+            "_crossing_kernel", "_psw_grad_kernel"} <= kernels  # fmt: skip
     failures = [r for r in compiled if "error" in r]
     assert not failures, json.dumps(failures, indent=1)[:4000]
 

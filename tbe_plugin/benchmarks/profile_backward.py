@@ -25,13 +25,10 @@ from tbe_plugin.ops import embedding_backward
 # Launch sizes tried, each a set of embedding_backward attributes over the defaults.
 CANDIDATES = [
     {},
-    {"CHUNK_PROGRAMS_PER_SM": 0},  # a program per chunk, no loop
-    {"CHUNK_PROGRAMS_PER_SM": 8},
-    {"CHUNK_PROGRAMS_PER_SM": 32},
-    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1},  # 2-id chunks on 1 warp
-    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1, "CHUNK_PROGRAMS_PER_SM": 0},
     {"CROSSING_CHUNKS_PER_PROGRAM": 16},
-    {"BLOCK_IDS": 4096},
+    {"STEP_ELEMENTS": 4096},
+    {"STEP_ELEMENTS": 16384},
+    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1},  # 2-id chunks on 1 warp
 ]
 
 
@@ -75,6 +72,32 @@ def kernel_breakdown(emb, indices, offsets, grad):
     return sorted(rows, key=lambda r: -r["cuda_ms"])[:15]
 
 
+def host_breakdown(emb, indices, offsets, grad, iters=20):
+    """Host time of ``out.backward(grad)`` (launches only: the device is idle when it
+    starts, and nothing waits for it), median over ``iters``, and the host-side ops under
+    torch.profiler by self CPU time."""
+    import time
+
+    times = []
+    for _ in range(iters):
+        out = emb(indices, offsets)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out.backward(grad)
+        times.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+    out = emb(indices, offsets)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out.backward(grad)
+    torch.cuda.synchronize()
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
+    return {
+        "host_ms_median": statistics.median(times),
+        "ops": [{"name": e.key[:100], "self_cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in ops],
+    }
+
+
 def fbgemm_breakdown(optimizer, rows, T, D, indices, offsets, grad):
     """FBGEMM's kernels on the same batch, for comparison ([] when fbgemm_gpu is absent)."""
     try:
@@ -116,7 +139,8 @@ def main():
             grad = torch.randn(B, T * D, device="cuda")
             fbgemm = [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)
             entry = {"optimizer": optimizer, "B": B, "L": L, "zipf": zipf, "candidates": [], "fbgemm_kernels": fbgemm,
-                     "kernels": kernel_breakdown(emb, indices, offsets, grad)}  # fmt: skip
+                     "kernels": kernel_breakdown(emb, indices, offsets, grad),
+                     "host": host_breakdown(emb, indices, offsets, grad) if B * L <= 16384 else None}  # fmt: skip
             for overrides in CANDIDATES:
                 saved = {name: getattr(embedding_backward, name) for name in overrides}
                 for name, value in overrides.items():

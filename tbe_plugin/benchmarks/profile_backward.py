@@ -25,10 +25,9 @@ from tbe_plugin.ops import embedding_backward
 # Launch sizes tried, each a set of embedding_backward attributes over the defaults.
 CANDIDATES = [
     {},
+    {"SEGMENT_WARPS": 8},
+    {"CROSSING_WARPS": 4},
     {"CROSSING_CHUNKS_PER_PROGRAM": 16},
-    {"STEP_ELEMENTS": 4096},
-    {"STEP_ELEMENTS": 16384},
-    {"CHUNK_ELEMENTS": 256, "CHUNK_WARPS": 1},  # 2-id chunks on 1 warp
 ]
 
 

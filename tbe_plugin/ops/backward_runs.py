@@ -68,10 +68,12 @@ def _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr
 def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first, limit,
              row, cols, SCALED: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
     """The summed gradient rows of ``row``'s ids from sorted position ``first`` on, below
-    ``limit``: STEP ids gathered per step, in order, until one is not the row's."""
+    ``limit``: STEP ids gathered per step, in order, until one is not the row's. Also
+    whether the run ended before ``limit``."""
     total = tl.zeros([cols.shape[0]], dtype=tl.float32)
     pos = first
     going_on = pos < limit
+    ended = limit < 0  # False, as a tensor
     while going_on:
         q = pos + tl.arange(0, STEP)
         inside = q < limit
@@ -80,8 +82,9 @@ def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, 
         dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
         total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
         pos += STEP
-        going_on = (tl.min(member.to(tl.int32), axis=0) == 1) & (pos < limit)
-    return total
+        ended = tl.max((inside & ~member).to(tl.int32), axis=0) == 1
+        going_on = ~ended & (pos < limit)
+    return total, ended
 
 
 @triton.jit
@@ -178,25 +181,26 @@ def _update_chunk(
     owned = began_here & ~(long_run & (row == last_row))  # runs this chunk sums
     piece_end = (tail | is_last) & owned  # where a run's sum lands
     extends = piece_end & goes_on
-    row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
-    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
-    w, m1, m2 = load_row_state(
-        w_ptrs, w_start, row, cols, row_mask, piece_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
-    )
-    g = _gather_gradients(grad_ptr, start, scale, owned, cols, dim, SCALED, ALIGN)
-    piece_start = (head | (q == c0)).to(tl.int32)
-    _, run_sum = tl.associative_scan(
-        (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
-    )
-    if tl.max(extends.to(tl.int32), axis=0) > 0:
-        ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
-                           last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
-        run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
-    apply_update(
-        run_sum, w, m1, m2, piece_end, row_mask, w_ptrs, w_start, row, cols, dim,
-        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-    )  # fmt: skip
+    if tl.max(owned.to(tl.int32), axis=0) > 0:  # not inside a long run (a hot row)
+        row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
+        w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+        w, m1, m2 = load_row_state(
+            w_ptrs, w_start, row, cols, row_mask, piece_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
+        )
+        g = _gather_gradients(grad_ptr, start, scale, owned, cols, dim, SCALED, ALIGN)
+        piece_start = (head | (q == c0)).to(tl.int32)
+        _, run_sum = tl.associative_scan(
+            (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
+        )
+        if tl.max(extends.to(tl.int32), axis=0) > 0:
+            ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
+                               last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
+            run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
+        apply_update(
+            run_sum, w, m1, m2, piece_end, row_mask, w_ptrs, w_start, row, cols, dim,
+            momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+            OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -283,23 +287,25 @@ def _segment_kernel(
     cols = tl.arange(0, BLOCK_D)
     row = tl.load(sorted_rows_ptr + s0)
     before = tl.load(sorted_rows_ptr + s0 - 1, mask=s0 > 0, other=-1)
-    enters = (before == row) & (row != sentinel)
-    inside = enters & (q < num_indices)
-    member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
-    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
-    dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
-    total = tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
-    tl.store(segment_sums_ptr + segment * BLOCK_D + cols, total, mask=enters & (cols >= 0))
+    if (before == row) & (row != sentinel):  # a run enters (most segments: none, and no work)
+        inside = q < num_indices
+        member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
+        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
+        dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
+        total = tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+        tl.store(segment_sums_ptr + segment * BLOCK_D + cols, total)
 
 
 @triton.jit
 def _sum_entered(sorted_rows_ptr, sums_ptr, first, count, stride, row, cols, SPAN: tl.constexpr):
     """The sum of ``sums`` rows first, first + 1, ... (below ``count``) while the unit each
-    stands for (``stride`` sorted ids) starts inside ``row``'s run: SPAN rows per step."""
+    stands for (``stride`` sorted ids) starts inside ``row``'s run: SPAN rows per step.
+    Also whether the run ended before ``count`` (a unit past it starts another row)."""
     span = tl.arange(0, SPAN)
     total = tl.zeros([cols.shape[0]], dtype=tl.float32)
     k0 = first
     going_on = k0 < count
+    ended = count < 0  # False, as a tensor
     while going_on:
         ks = k0 + span
         k_in = ks < count
@@ -307,8 +313,9 @@ def _sum_entered(sorted_rows_ptr, sums_ptr, first, count, stride, row, cols, SPA
         part = tl.load(sums_ptr + ks[:, None] * cols.shape[0] + cols[None, :], mask=member[:, None], other=0.0)
         total += tl.sum(part, axis=0)
         k0 += SPAN
-        going_on = tl.min(member.to(tl.int32), axis=0) == 1
-    return total
+        ended = tl.max((k_in & ~member).to(tl.int32), axis=0) == 1
+        going_on = ~ended & (k0 < count)
+    return total, ended
 
 
 @triton.jit
@@ -326,10 +333,10 @@ def _block_kernel(
     cols = tl.arange(0, BLOCK_D)
     row = tl.load(sorted_rows_ptr + b0)
     before = tl.load(sorted_rows_ptr + b0 - 1, mask=b0 > 0, other=-1)
-    enters = (before == row) & (row != sentinel)
-    count = tl.where(enters, tl.minimum(first_segment + SPAN, num_segments), first_segment)  # no run: no step
-    total = _sum_entered(sorted_rows_ptr, segment_sums_ptr, first_segment, count, STEP, row, cols, SPAN)
-    tl.store(block_sums_ptr + block * BLOCK_D + cols, total, mask=enters & (cols >= 0))
+    if (before == row) & (row != sentinel):
+        count = tl.minimum(first_segment + SPAN, num_segments)
+        total, _ = _sum_entered(sorted_rows_ptr, segment_sums_ptr, first_segment, count, STEP, row, cols, SPAN)
+        tl.store(block_sums_ptr + block * BLOCK_D + cols, total)
 
 
 @triton.jit
@@ -374,13 +381,21 @@ def _crossing_kernel(
         first = tl.min(tl.where(tl.load(sorted_rows_ptr + q, mask=q <= last, other=-1) == row, q, last), axis=0)
         # Its ids to the end of its segment, then the segments it enters to the end of their
         # block, then the blocks it enters.
+        # Each stage runs only if the run goes on past the last one's end (most runs end in
+        # their segment: one gather).
         segment = first // STEP
-        total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first,
-                         tl.minimum((segment + 1) * STEP, num_indices), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
-        block = segment // SPAN
-        total += _sum_entered(sorted_rows_ptr, segment_sums_ptr, segment + 1,
-                              tl.minimum((block + 1) * SPAN, num_segments), STEP, row, cols, SPAN)  # fmt: skip
-        total += _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, STEP * SPAN, row, cols, SPAN)
+        total, ended = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+                                first, tl.minimum((segment + 1) * STEP, num_indices), row, cols, SCALED, STEP,
+                                ALIGN)  # fmt: skip
+        if ~ended:
+            block = segment // SPAN
+            part, ended = _sum_entered(sorted_rows_ptr, segment_sums_ptr, segment + 1,
+                                       tl.minimum((block + 1) * SPAN, num_segments), STEP, row, cols, SPAN)  # fmt: skip
+            total += part
+            if ~ended:
+                part, ended = _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, STEP * SPAN, row,
+                                           cols, SPAN)  # fmt: skip
+                total += part
         w_start, dim, row_mask, w_ptrs = _row_operands(
             weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
         )

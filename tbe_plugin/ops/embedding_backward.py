@@ -167,6 +167,7 @@ SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # segments per block, and segments' or blocks' sums added per step
 CROSSING_WARPS = 8
+SEGMENT_WARPS = 4
 CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a long run's start per program
 STEP_ELEMENTS = 8192  # gradient elements per segment of a long run (64 rows of D=128)
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
@@ -183,6 +184,18 @@ def chunk_launch_config(block_d: int) -> tuple:
     if chunk * block_d <= CHUNK_ELEMENTS:
         return chunk, CHUNK_WARPS
     return chunk, min(16, chunk * block_d // 512)
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch_status(device: torch.device) -> torch.Tensor:
+    """A status vector per device that the backward's bounds checks write and nobody reads
+    (one allocation and fill per process instead of three small ops a step)."""
+    key = str(device)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = new_status(device)
+    return _SCRATCH[key]
 
 
 def long_run_step(block_d: int) -> int:
@@ -226,7 +239,7 @@ def backward_update(
         return psw_grad
     total_bags = num_features * B
     grad_output = grad_output.contiguous()
-    scratch = new_status(device)  # the forward already reported bad input
+    scratch = _scratch_status(device)  # written, never read: the forward reported bad input
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
     sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
     mean = pooling == Pooling.MEAN
@@ -236,7 +249,7 @@ def backward_update(
     feature = torch.empty(N, dtype=torch.int32, device=device)
     grad_offset = torch.empty(N, dtype=torch.int64, device=device)
     scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
-    bags = torch.zeros(N if psw_requires_grad else 1, dtype=torch.int64, device=device)
+    bags = torch.empty(N if psw_requires_grad else 1, dtype=torch.int64, device=device)
     psw = per_sample_weights if weighted else scale
     _positions_kernel[(triton.cdiv(B, POSITIONS_CONFIG["BAGS"]), num_features)](
         feature_meta, indices, offsets, psw, rows, feature, grad_offset, scale, bags, scratch,
@@ -293,7 +306,7 @@ def backward_update(
     block_sums = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
     _segment_kernel[(num_segments,)](
         grad_output, sorted_rows, sorted_dim, sorted_grad_offset, sorted_scale, segment_sums, N, sentinel,
-        SCALED=scaled, BLOCK_D=block_d, STEP=run_step, ALIGN=align, num_warps=CROSSING_WARPS,
+        SCALED=scaled, BLOCK_D=block_d, STEP=run_step, ALIGN=align, num_warps=SEGMENT_WARPS,
     )  # fmt: skip
     _block_kernel[(num_blocks,)](
         sorted_rows, segment_sums, block_sums, N, sentinel,

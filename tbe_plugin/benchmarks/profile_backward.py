@@ -25,9 +25,10 @@ from tbe_plugin.ops import embedding_backward
 # Launch sizes tried, each a set of embedding_backward attributes over the defaults.
 CANDIDATES = [
     {},
-    {"SEGMENT_WARPS": 8},
     {"CROSSING_WARPS": 4},
-    {"CROSSING_CHUNKS_PER_PROGRAM": 16},
+    {"SEGMENTS_PER_PROGRAM": 1},
+    {"SEGMENTS_PER_PROGRAM": 16},
+    {"CROSSING_CHUNKS_PER_PROGRAM": 256},
 ]
 
 

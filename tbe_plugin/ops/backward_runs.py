@@ -276,18 +276,25 @@ def _chunk_walk_kernel(
 def _segment_kernel(
     grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, segment_sums_ptr,
     num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr,
+    SEGMENTS_PER_PROGRAM: tl.constexpr,
 ):  # fmt: skip
-    """For a segment of STEP sorted ids that a run enters (begun before it): the sum of that
-    run's gradient rows in the segment (a prefix of it, the ids being sorted), for
-    ``_block_kernel`` and ``_crossing_kernel``. Segments no run enters store nothing (no
-    one reads them)."""
-    segment = tl.program_id(0).to(tl.int64)
-    s0 = segment * STEP
-    q = s0 + tl.arange(0, STEP)
+    """For each segment of STEP sorted ids that a run enters (begun before it): the sum of
+    that run's gradient rows in the segment (a prefix of it, the ids being sorted), for
+    ``_block_kernel`` and ``_crossing_kernel``. SEGMENTS_PER_PROGRAM segments per program,
+    those a run enters one after another; the others (most, but in hot rows) store nothing:
+    no one reads them."""
+    segments = tl.program_id(0).to(tl.int64) * SEGMENTS_PER_PROGRAM + tl.arange(0, SEGMENTS_PER_PROGRAM)
+    s0 = segments * STEP
+    exists = s0 < num_indices
+    rows = tl.load(sorted_rows_ptr + s0, mask=exists, other=sentinel)
+    before = tl.load(sorted_rows_ptr + s0 - 1, mask=exists & (s0 > 0), other=-1)
+    entered = (before == rows) & (rows != sentinel)
     cols = tl.arange(0, BLOCK_D)
-    row = tl.load(sorted_rows_ptr + s0)
-    before = tl.load(sorted_rows_ptr + s0 - 1, mask=s0 > 0, other=-1)
-    if (before == row) & (row != sentinel):  # a run enters (most segments: none, and no work)
+    while tl.max(entered.to(tl.int32), axis=0) > 0:
+        segment = tl.min(tl.where(entered, segments, 1 << 62), axis=0)
+        entered &= segments != segment
+        row = tl.max(tl.where(segments == segment, rows, -1), axis=0)
+        q = segment * STEP + tl.arange(0, STEP)
         inside = q < num_indices
         member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
         start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
@@ -376,13 +383,13 @@ def _crossing_kernel(
         chunk = tl.min(tl.where(starts, chunks, num_chunks), axis=0)
         starts &= chunks != chunk
         last = tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1
-        row = tl.load(sorted_rows_ptr + last)
         q = chunk * CHUNK + lane
-        first = tl.min(tl.where(tl.load(sorted_rows_ptr + q, mask=q <= last, other=-1) == row, q, last), axis=0)
+        chunk_rows = tl.load(sorted_rows_ptr + q, mask=q <= last, other=-1)
+        row = tl.max(tl.where(q == last, chunk_rows, -1), axis=0)
+        first = tl.min(tl.where(chunk_rows == row, q, last), axis=0)
         # Its ids to the end of its segment, then the segments it enters to the end of their
-        # block, then the blocks it enters.
-        # Each stage runs only if the run goes on past the last one's end (most runs end in
-        # their segment: one gather).
+        # block, then the blocks it enters. Each stage runs only if the run goes on past the
+        # last one's end (most runs end in their segment: one gather).
         segment = first // STEP
         total, ended = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
                                 first, tl.minimum((segment + 1) * STEP, num_indices), row, cols, SCALED, STEP,
@@ -396,6 +403,7 @@ def _crossing_kernel(
                 part, ended = _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, STEP * SPAN, row,
                                            cols, SPAN)  # fmt: skip
                 total += part
+        # (Loaded before the sums, the row's state spilled registers at sm_90.)
         w_start, dim, row_mask, w_ptrs = _row_operands(
             weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
         )

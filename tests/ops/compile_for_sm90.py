@@ -102,8 +102,8 @@ def variants():
                     CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM, STEP=step,
                 ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
             yield backward._segment_kernel, dict(
-                SCALED=True, BLOCK_D=block_d, STEP=step, ALIGN=4,
-            ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
+                SCALED=True, BLOCK_D=block_d, STEP=step, ALIGN=4, SEGMENTS_PER_PROGRAM=backward.SEGMENTS_PER_PROGRAM,
+            ), backward.SEGMENT_WARPS, weights, "*i64"  # fmt: skip
             yield backward._block_kernel, dict(
                 BLOCK_D=block_d, STEP=step, SPAN=backward.CROSSING_SPAN,
             ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip

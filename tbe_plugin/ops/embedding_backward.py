@@ -166,9 +166,9 @@ MIN_CHUNK = 2
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
 CROSSING_SPAN = 16  # segments per block, and segments' or blocks' sums added per step
-CROSSING_WARPS = 8
+CROSSING_WARPS = 4  # spills 24-48 bytes at D=128, yet faster than 8 (H200: Zipf 3.62 ms against 4.11)
 SEGMENT_WARPS = 4  # 8 warps: 4.32 ms at Zipf against 3.79
-SEGMENTS_PER_PROGRAM = 4
+SEGMENTS_PER_PROGRAM = 1  # 4: Zipf 4.11 ms against 3.76, B=65536 26.3 against 25.7
 CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a long run's start per program
 STEP_ELEMENTS = 8192  # gradient elements per segment of a long run (64 rows of D=128)
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200

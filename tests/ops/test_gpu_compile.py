@@ -33,12 +33,17 @@ def test_every_kernel_compiles_for_sm90(compiled):
 
 def test_backward_kernels_do_not_spill_registers(compiled):
     """The forward's launch configs were picked by timing on the H200 (some spill a little:
-    the measured trade-off); the backward's are sized so that nothing spills up to D 256;
-    at D 512 ptxas spills 8 bytes a thread in a few variants, and we allow up to 64."""
+    the measured trade-off); the backward's are sized so that nothing spills up to D 256,
+    but for the crossing kernel on 4 warps (24-48 bytes a thread at D=128: it updates only
+    long runs' rows, and 4 warps measured faster than 8 that do not spill, Zipf 3.62 ms
+    against 4.11, B=65536 25.8 against 26.3); at D 512 ptxas spills 8-56 bytes a thread
+    in a few variants. Up to 64 bytes are allowed there."""
     forward_kernels = ("_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel")
 
     def allowed(record):
-        return 64 if record["constexprs"].get("BLOCK_D", 0) >= 512 else 0
+        if record["constexprs"].get("BLOCK_D", 0) >= 512 or record["kernel"] == "_crossing_kernel":
+            return 64
+        return 0
 
     spilling = [r for r in compiled if r["kernel"] not in forward_kernels and r.get("stack_bytes", 0) > allowed(r)]
     assert not spilling, json.dumps(spilling, indent=1)[:4000]

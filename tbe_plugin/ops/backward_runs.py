@@ -101,8 +101,7 @@ def _chunk_window(
 ):  # fmt: skip
     """The sorted arrays a chunk starting at ``c0`` reads (no load depends on another): its
     rows and their neighbours, the rows at its edges, gradient-row starts and factors,
-    weight-row starts and D; and the rows, gradient-row starts, factors and D of the next
-    chunk, for a run that ends there (so that its gradients gather with the chunk's own)."""
+    weight-row starts and D."""
     q = c0 + tl.arange(0, CHUNK)
     in_range = q < num_indices
     row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
@@ -113,13 +112,7 @@ def _chunk_window(
     start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
     w_start = tl.load(sorted_w_start_ptr + q, mask=in_range, other=0) // ALIGN * ALIGN
     dim = tl.load(sorted_dim_ptr + q, mask=in_range, other=0)
-    ahead = q + CHUNK
-    ahead_in = ahead < num_indices
-    ahead_row = tl.load(sorted_rows_ptr + ahead, mask=ahead_in, other=-1)
-    ahead_start, ahead_scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, ahead_in, SCALED)
-    ahead_dim = tl.load(sorted_dim_ptr + ahead, mask=ahead_in, other=0)
-    return (row, prev, nxt, before_first, after_next, start, scale, w_start, dim, ahead_row, ahead_start, ahead_scale,
-            ahead_dim)  # fmt: skip
+    return row, prev, nxt, before_first, after_next, start, scale, w_start, dim
 
 
 @triton.jit
@@ -137,23 +130,24 @@ def _chunk_kernel(
     slower on the H200 (96 registers instead of 56; rowwise Adagrad, T=32, B=8192, L=20,
     D=128: 3.87 ms against 3.05)."""
     chunk = tl.program_id(0).to(tl.int64)
-    (row, prev, nxt, before_first, after_next, start, scale, w_start, dim, ahead_row, ahead_start, ahead_scale,
-     ahead_dim) = _chunk_window(
+    row, prev, nxt, before_first, after_next, start, scale, w_start, dim = _chunk_window(
         sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
         chunk * CHUNK, num_indices, sentinel, SCALED, CHUNK, ALIGN,
     )  # fmt: skip
     _update_chunk(
-        grad_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-        sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim, ahead_row, ahead_start,
-        ahead_scale, ahead_dim, SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
+        grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
+        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
+        sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+        SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
     )  # fmt: skip
 
 
 @triton.jit
 def _update_chunk(
-    grad_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-    sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim, ahead_row, ahead_start,
-    ahead_scale, ahead_dim, SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
+    momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
+    sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """One chunk's updates, from its sorted arrays (``_chunk_window``).
@@ -193,17 +187,15 @@ def _update_chunk(
         w, m1, m2 = load_row_state(
             w_ptrs, w_start, row, cols, row_mask, piece_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
         )
-        # The ids of a run that ends in the next chunk (a prefix of it), gathered with the
-        # chunk's own.
-        member = (ahead_row == last_row) & (tl.max(extends.to(tl.int32), axis=0) > 0)
-        ahead = tl.sum(_gather_gradients(grad_ptr, ahead_start, ahead_scale, member, cols, ahead_dim, SCALED, ALIGN),
-                       axis=0)  # fmt: skip
         g = _gather_gradients(grad_ptr, start, scale, owned, cols, dim, SCALED, ALIGN)
         piece_start = (head | (q == c0)).to(tl.int32)
         _, run_sum = tl.associative_scan(
             (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
         )
-        run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
+        if tl.max(extends.to(tl.int32), axis=0) > 0:
+            ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
+                               last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
+            run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
         apply_update(
             run_sum, w, m1, m2, piece_end, row_mask, w_ptrs, w_start, row, cols, dim,
             momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,

@@ -317,7 +317,7 @@ def test_training_fp16_weights_matches_fbgemm_cuda(optimizer):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("optimizer", [EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.ADAM])
+@pytest.mark.parametrize("optimizer", ALL_OPTIMIZERS)
 def test_training_zipf_hot_rows_large_batch_matches_fbgemm_cuda(optimizer):
     rows = [1_000_000, 100_000]
     fbgemm, ours = make_training_pair([128, 64], rows, "cuda", optimizer, learning_rate=0.01)

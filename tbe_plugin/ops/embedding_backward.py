@@ -157,8 +157,9 @@ def _psw_grad_kernel(
 # Ids per chunk times BLOCK_D, and warps: 512 elements over 2 warps (4 ids at D=128). Chunks
 # of up to SCAN_MAX_IDS ids sum their runs by a segmented scan (``_chunk_kernel``), larger
 # ones (smaller D) by walking (``_chunk_walk_kernel``). Backward of rowwise Adagrad on the
-# H200 (T=32, B=8192, L=20, D=128, E=1e6; ms): scan 2.92 at 4 ids / 2 warps, walk 3.20; at
-# 8 ids / 4 warps scan 3.80, walk 3.35. Nothing spills at sm_90 (ptxas).
+# H200 (T=32, B=8192, L=20, D=128, E=1e6; ms, with the earlier per-chunk pieces for long
+# runs): scan 2.92 at 4 ids / 2 warps, walk 3.20; at 8 ids / 4 warps scan 3.80, walk 3.35;
+# 2 ids / 1 warp 3.81 against 2.97 (segments). The chunk kernels do not spill at sm_90.
 CHUNK_ELEMENTS = 512
 CHUNK_WARPS = 2
 SCAN_MAX_IDS = 4

@@ -5,15 +5,15 @@ applied to the row (steps 3 to 5 of ``embedding_backward``, which launches them)
   first lane): fixed chunks of CHUNK sorted ids; the runs that start in the chunk and end
   in it or in the next one are updated there. Longer runs (hot rows) are left alone: a
   chunk inside one loads nothing but its sorted rows.
-- ``_segment_kernel``: per segment of STEP sorted ids that a run enters from before, the sum
-  of that run's gradient rows in the segment; ``_block_kernel``: the same per block of SPAN
-  segments, from the segments' sums.
+- ``_segment_kernel``: per segment of SEGMENT sorted ids that a run enters from before, the
+  sum of that run's gradient rows in the segment; ``_block_kernel``: the same per block of
+  SPAN segments, from the segments' sums.
 - ``_crossing_kernel``: each longer run sums its ids to the end of its segment, then the
   sums of the segments and blocks it enters, and updates its row.
 
-The sums take N / STEP + N / (STEP * SPAN) rows of BLOCK_D fp32, STEP = 8192 / BLOCK_D:
-about 4 * BLOCK_D**2 / 8192 bytes per id (8.5 at D=128, 34 at D=256, 136 at D=512: 5.7 GB
-for 42M lookups into D=512 tables). Nothing else grows with the batch.
+The sums take N / SEGMENT + N / (SEGMENT * SPAN) rows of BLOCK_D fp32. SEGMENT is the ids
+of one gather (STEP = 8192 / BLOCK_D) but at least MIN_SEGMENT_IDS (32): 8.5 bytes per id
+at D=128, 34 at D=256 and 68 at D=512 (was 136 there). Nothing else grows with the batch.
 """
 
 import triton
@@ -274,16 +274,16 @@ def _chunk_walk_kernel(
 @triton.jit
 def _segment_kernel(
     grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, segment_sums_ptr,
-    num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr,
-    SEGMENTS_PER_PROGRAM: tl.constexpr,
+    num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, SEGMENT: tl.constexpr, STEP: tl.constexpr,
+    ALIGN: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
 ):  # fmt: skip
-    """For each segment of STEP sorted ids that a run enters (begun before it): the sum of
-    that run's gradient rows in the segment (a prefix of it, the ids being sorted), for
-    ``_block_kernel`` and ``_crossing_kernel``. SEGMENTS_PER_PROGRAM segments per program,
-    those a run enters one after another; the others (most, but in hot rows) store nothing:
-    no one reads them."""
+    """For each segment of SEGMENT sorted ids that a run enters (begun before it): the sum of
+    that run's gradient rows in the segment (a prefix of it, the ids being sorted), gathered
+    STEP ids at a time, for ``_block_kernel`` and ``_crossing_kernel``. SEGMENTS_PER_PROGRAM
+    segments per program, those a run enters one after another; the others (most, but in
+    hot rows) store nothing: no one reads them."""
     segments = tl.program_id(0).to(tl.int64) * SEGMENTS_PER_PROGRAM + tl.arange(0, SEGMENTS_PER_PROGRAM)
-    s0 = segments * STEP
+    s0 = segments * SEGMENT
     exists = s0 < num_indices
     rows = tl.load(sorted_rows_ptr + s0, mask=exists, other=sentinel)
     before = tl.load(sorted_rows_ptr + s0 - 1, mask=exists & (s0 > 0), other=-1)
@@ -293,12 +293,14 @@ def _segment_kernel(
         segment = tl.min(tl.where(entered, segments, 1 << 62), axis=0)
         entered &= segments != segment
         row = tl.max(tl.where(segments == segment, rows, -1), axis=0)
-        q = segment * STEP + tl.arange(0, STEP)
-        inside = q < num_indices
-        member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
-        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
-        dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
-        total = tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+        total = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for k in tl.static_range(SEGMENT // STEP):
+            q = segment * SEGMENT + k * STEP + tl.arange(0, STEP)
+            inside = q < num_indices
+            member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
+            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
+            dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
+            total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
         tl.store(segment_sums_ptr + segment * BLOCK_D + cols, total)
 
 
@@ -327,21 +329,21 @@ def _sum_entered(sorted_rows_ptr, sums_ptr, first, count, stride, row, cols, SPA
 @triton.jit
 def _block_kernel(
     sorted_rows_ptr, segment_sums_ptr, block_sums_ptr, num_indices, sentinel,
-    BLOCK_D: tl.constexpr, STEP: tl.constexpr, SPAN: tl.constexpr,
+    BLOCK_D: tl.constexpr, SEGMENT: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     """For a block of SPAN segments that a run enters (begun before it): the sum of that
     run's segment sums in the block (the segments it enters: a prefix of the block). Blocks
     no run enters store nothing."""
     block = tl.program_id(0).to(tl.int64)
     first_segment = block * SPAN
-    num_segments = (num_indices + STEP - 1) // STEP
-    b0 = first_segment * STEP
+    num_segments = (num_indices + SEGMENT - 1) // SEGMENT
+    b0 = first_segment * SEGMENT
     cols = tl.arange(0, BLOCK_D)
     row = tl.load(sorted_rows_ptr + b0)
     before = tl.load(sorted_rows_ptr + b0 - 1, mask=b0 > 0, other=-1)
     if (before == row) & (row != sentinel):
         count = tl.minimum(first_segment + SPAN, num_segments)
-        total, _ = _sum_entered(sorted_rows_ptr, segment_sums_ptr, first_segment, count, STEP, row, cols, SPAN)
+        total, _ = _sum_entered(sorted_rows_ptr, segment_sums_ptr, first_segment, count, SEGMENT, row, cols, SPAN)
         tl.store(block_sums_ptr + block * BLOCK_D + cols, total)
 
 
@@ -352,16 +354,16 @@ def _crossing_kernel(
     weight_decay, seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr,
-    ALIGN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, STEP: tl.constexpr,
+    ALIGN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, SEGMENT: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     """Runs that begin in one chunk and go on past the next (CHUNKS_PER_PROGRAM chunks
     looked at per program, most with none): sum each run's gradient rows up to the end of
-    its segment of STEP ids, then the sums of the segments it enters up to the end of its
-    block of SPAN segments (``_segment_kernel``), then the sums of the blocks it enters
-    (``_block_kernel``), SPAN at a time; then update its row. A run of n ids takes about
-    3 + n / (STEP * SPAN * SPAN) steps."""
+    its segment of SEGMENT ids (STEP at a time), then the sums of the segments it enters up
+    to the end of its block of SPAN segments (``_segment_kernel``), then the sums of the
+    blocks it enters (``_block_kernel``), SPAN at a time; then update its row. A run of n
+    ids takes about SEGMENT / STEP + 2 + n / (SEGMENT * SPAN * SPAN) steps."""
     num_chunks = (num_indices + CHUNK - 1) // CHUNK
-    num_segments = (num_indices + STEP - 1) // STEP
+    num_segments = (num_indices + SEGMENT - 1) // SEGMENT
     num_blocks = (num_segments + SPAN - 1) // SPAN
     chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
     exists = chunks < num_chunks
@@ -389,17 +391,18 @@ def _crossing_kernel(
         # Its ids to the end of its segment, then the segments it enters to the end of their
         # block, then the blocks it enters. Each stage runs only if the run goes on past the
         # last one's end (most runs end in their segment: one gather).
-        segment = first // STEP
+        segment = first // SEGMENT
         total, ended = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-                                first, tl.minimum((segment + 1) * STEP, num_indices), row, cols, SCALED, STEP,
+                                first, tl.minimum((segment + 1) * SEGMENT, num_indices), row, cols, SCALED, STEP,
                                 ALIGN)  # fmt: skip
         if ~ended:
             block = segment // SPAN
-            part, ended = _sum_entered(sorted_rows_ptr, segment_sums_ptr, segment + 1,
-                                       tl.minimum((block + 1) * SPAN, num_segments), STEP, row, cols, SPAN)  # fmt: skip
+            block_end = tl.minimum((block + 1) * SPAN, num_segments)
+            part, ended = _sum_entered(sorted_rows_ptr, segment_sums_ptr, segment + 1, block_end, SEGMENT, row, cols,
+                                       SPAN)  # fmt: skip
             total += part
             if ~ended:
-                part, ended = _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, STEP * SPAN, row,
+                part, ended = _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, SEGMENT * SPAN, row,
                                            cols, SPAN)  # fmt: skip
                 total += part
         # (Loaded before the sums, the row's state spilled registers at sm_90.)

@@ -14,15 +14,15 @@ No dense gradient is ever materialized. The backward of one batch:
    chain of loads however long the run) and applies the optimizer to every run that
    starts in the chunk and ends in it or in the next one. Chunks of more than SCAN_MAX_IDS
    ids use ``_chunk_walk_kernel`` (each run walked by its first lane), faster there.
-4. ``_segment_kernel``: per segment of STEP sorted ids that a run enters from before, the
+4. ``_segment_kernel``: per segment of SEGMENT sorted ids that a run enters from before, the
    sum of that run's gradient rows in the segment; ``_block_kernel``: the same per block
    of SPAN segments, from the segments' sums. All in parallel.
 5. ``_crossing_kernel``: each run longer than that (hot rows) sums its ids to the end of
    its segment, then the sums of the segments and blocks it enters, SPAN at a time, and
    applies the optimizer. A hot row never serializes a chunk, and its own sum takes about
-   3 + len / (STEP * SPAN * SPAN) steps, in a fixed order. Memory beyond the sorted
-   operands: one fp32 row per segment and per block (8.5 bytes per id at D=128, growing
-   with D squared: 136 at D=512).
+   SEGMENT / STEP + 2 + len / (SEGMENT * SPAN * SPAN) steps, in a fixed order. Memory
+   beyond the sorted operands: one fp32 row per segment and per block (8.5 bytes per id
+   at D=128, 34 at D=256, 68 at D=512).
 
 Steps 3 to 5 are in ``tbe_plugin.ops.backward_runs``. The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
@@ -172,7 +172,11 @@ CROSSING_WARPS = 4  # spills 24-48 bytes at D=128, yet faster than 8 (H200: Zipf
 SEGMENT_WARPS = 4  # 8 warps: 4.32 ms at Zipf against 3.79
 SEGMENTS_PER_PROGRAM = 1  # 4: Zipf 4.11 ms against 3.76, B=65536 26.3 against 25.7
 CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a long run's start per program
-STEP_ELEMENTS = 8192  # gradient elements per segment of a long run (64 rows of D=128)
+STEP_ELEMENTS = 8192  # gradient elements per gather of a long run (64 rows of D=128)
+# Segments of a long run's sums hold one gather, but at least this many ids, so that their
+# sums' memory (4 * D / ids bytes per lookup) stays bounded at large D. At D <= 256 (every
+# configuration timed on the H200) a segment is one gather; from D=512 on, several.
+MIN_SEGMENT_IDS = 32
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
@@ -202,8 +206,14 @@ def _scratch_status(device: torch.device) -> torch.Tensor:
 
 
 def long_run_step(block_d: int) -> int:
-    """Sorted ids per segment of a long run's sum (``_segment_kernel``, ``_crossing_kernel``)."""
+    """Sorted ids per gather of a long run's sum (``_segment_kernel``, ``_crossing_kernel``)."""
     return max(1, STEP_ELEMENTS // block_d)
+
+
+def segment_ids(block_d: int) -> int:
+    """Sorted ids per segment of the long runs' sums: a gather, at least MIN_SEGMENT_IDS
+    (a power of two, so a multiple of the gather)."""
+    return max(long_run_step(block_d), MIN_SEGMENT_IDS)
 
 
 def backward_update(
@@ -303,22 +313,24 @@ def backward_update(
         num_warps=chunk_warps, **modes,
     )  # fmt: skip
     run_step = long_run_step(block_d)
-    num_segments = triton.cdiv(N, run_step)
+    segment = segment_ids(block_d)
+    num_segments = triton.cdiv(N, segment)
     num_blocks = triton.cdiv(num_segments, CROSSING_SPAN)
     segment_sums = torch.empty(num_segments * block_d, dtype=torch.float32, device=device)
     block_sums = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
     _segment_kernel[(triton.cdiv(num_segments, SEGMENTS_PER_PROGRAM),)](
         grad_output, sorted_rows, sorted_dim, sorted_grad_offset, sorted_scale, segment_sums, N, sentinel,
-        SCALED=scaled, BLOCK_D=block_d, STEP=run_step, ALIGN=align, SEGMENTS_PER_PROGRAM=SEGMENTS_PER_PROGRAM,
+        SCALED=scaled, BLOCK_D=block_d, SEGMENT=segment, STEP=run_step, ALIGN=align,
+        SEGMENTS_PER_PROGRAM=SEGMENTS_PER_PROGRAM,
         num_warps=SEGMENT_WARPS,
     )  # fmt: skip
     _block_kernel[(num_blocks,)](
         sorted_rows, segment_sums, block_sums, N, sentinel,
-        BLOCK_D=block_d, STEP=run_step, SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS,
+        BLOCK_D=block_d, SEGMENT=segment, SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS,
     )  # fmt: skip
     _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
         grad_output, *sorted_operands, weights, m1, m2, segment_sums, block_sums, step, *hyper, N, sentinel,
-        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, STEP=run_step,
+        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, SEGMENT=segment, STEP=run_step,
         num_warps=CROSSING_WARPS, **modes,
     )  # fmt: skip
     return psw_grad

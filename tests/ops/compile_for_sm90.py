@@ -91,6 +91,7 @@ def variants():
             chunk, chunk_warps = backward.chunk_launch_config(block_d)
             chunk_kernel = backward._chunk_kernel if chunk <= backward.SCAN_MAX_IDS else backward._chunk_walk_kernel
             step = backward.long_run_step(block_d)
+            segment = backward.segment_ids(block_d)
             for optimizer in range(6):
                 yield chunk_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
@@ -99,13 +100,14 @@ def variants():
                 yield backward._crossing_kernel, dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
                     CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,
-                    CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM, STEP=step,
+                    CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM, SEGMENT=segment, STEP=step,
                 ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
             yield backward._segment_kernel, dict(
-                SCALED=True, BLOCK_D=block_d, STEP=step, ALIGN=4, SEGMENTS_PER_PROGRAM=backward.SEGMENTS_PER_PROGRAM,
+                SCALED=True, BLOCK_D=block_d, SEGMENT=segment, STEP=step, ALIGN=4,
+                SEGMENTS_PER_PROGRAM=backward.SEGMENTS_PER_PROGRAM,
             ), backward.SEGMENT_WARPS, weights, "*i64"  # fmt: skip
             yield backward._block_kernel, dict(
-                BLOCK_D=block_d, STEP=step, SPAN=backward.CROSSING_SPAN,
+                BLOCK_D=block_d, SEGMENT=segment, SPAN=backward.CROSSING_SPAN,
             ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)

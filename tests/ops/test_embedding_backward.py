@@ -122,26 +122,31 @@ REDUCTIONS = pytest.mark.parametrize("scan_max_ids", [0, 64], ids=["walk", "scan
 
 
 @REDUCTIONS
-@pytest.mark.parametrize("span, per_program, step_ids", [(16, 64, 64), (2, 2, 4), (4, 8, 2), (2, 64, 1)])
-def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, step_ids, scan_max_ids):
+@pytest.mark.parametrize(
+    "span, per_program, step_ids, min_segment", [(16, 64, 64, 32), (2, 2, 4, 1), (4, 8, 2, 8), (2, 64, 1, 4)]
+)
+def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, step_ids, min_segment, scan_max_ids):
     """One row in most lookups: its run crosses dozens of 16-id chunks (with small segments
-    and spans, it enters many segments and blocks, their sums added over many steps; with
-    2 chunks per program, the crossing kernel's programs meet runs that start in either
-    chunk, or in neither)."""
+    and spans, it enters many segments and blocks, their sums added over many steps;
+    segments of several gathers where min_segment > step_ids; with 2 chunks per program,
+    the crossing kernel's programs meet runs that start in either chunk, or in neither)."""
     from tbe_plugin.ops import embedding_backward
 
     monkeypatch.setattr(embedding_backward, "SCAN_MAX_IDS", scan_max_ids)
     monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
     monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", per_program)
     monkeypatch.setattr(embedding_backward, "STEP_ELEMENTS", step_ids * 32)  # BLOCK_D is 32
+    monkeypatch.setattr(embedding_backward, "MIN_SEGMENT_IDS", min_segment)
     monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", 16 * 32)  # 16 ids at BLOCK_D 32
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
 
 
 @REDUCTIONS
-@pytest.mark.parametrize("chunk_ids, step_ids, span", [(2, 1, 2), (4, 64, 16), (8, 2, 4), (2, 4, 2)])
-def test_runs_across_chunk_edges(monkeypatch, chunk_ids, step_ids, span, scan_max_ids):
+@pytest.mark.parametrize(
+    "chunk_ids, step_ids, span, min_segment", [(2, 1, 2, 1), (4, 64, 16, 32), (8, 2, 4, 8), (2, 4, 2, 1), (4, 1, 2, 4)]
+)
+def test_runs_across_chunk_edges(monkeypatch, chunk_ids, step_ids, span, min_segment, scan_max_ids):
     """Tiny chunks against runs of every length: runs that end in the next chunk (summed
     by the chunk where they start), longer ones (the crossing kernel), chunks inside one
     run, runs starting at a chunk's first or last id, and (tiny segments and blocks) runs
@@ -152,6 +157,7 @@ def test_runs_across_chunk_edges(monkeypatch, chunk_ids, step_ids, span, scan_ma
     monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", chunk_ids * 32)  # BLOCK_D is 32
     monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", 4)
     monkeypatch.setattr(embedding_backward, "STEP_ELEMENTS", step_ids * 32)
+    monkeypatch.setattr(embedding_backward, "MIN_SEGMENT_IDS", min_segment)
     monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, weighted=True, lr=0.05)
@@ -168,6 +174,9 @@ def test_launch_sizes_depend_on_d_only():
     assert embedding_backward.chunk_launch_config(1024) == (2, 4)
     assert embedding_backward.long_run_step(128) == 64
     assert embedding_backward.long_run_step(16384) == 1
+    # Segments: one gather up to D=256, at least 32 ids beyond (their sums: 4 * D / ids
+    # bytes a lookup, 64 at D=512 instead of 128).
+    assert [embedding_backward.segment_ids(d) for d in (128, 256, 512, 1024)] == [64, 32, 32, 32]
 
 
 def test_per_sample_weight_gradient():

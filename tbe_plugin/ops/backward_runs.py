@@ -53,14 +53,19 @@ def _row_operands(weights_ptr, w_start_ptr, dim_ptr, q, valid, cols, ALIGN: tl.c
 
 
 @triton.jit
-def _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, row,
-               num_indices, cols, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
-    """The summed gradient rows of ``row``'s ids in the next chunk (a prefix of it)."""
-    ahead = q + CHUNK
-    member = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1) == row
-    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
-    dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
-    return tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+def _add_ahead(run_sum, extends, grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+               q, row, num_indices, cols, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """``run_sum`` with, on the lanes ``extends`` marks (a run that ends in the next chunk),
+    the summed gradient rows of ``row``'s ids in the next chunk (a prefix of it). Nothing
+    is loaded when no lane extends."""
+    if tl.max(extends.to(tl.int32), axis=0) > 0:
+        ahead = q + CHUNK
+        member = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1) == row
+        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
+        dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
+        total = tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+        run_sum += tl.where(extends[:, None], total[None, :], 0.0)
+    return run_sum
 
 
 @triton.jit
@@ -191,10 +196,8 @@ def _update_chunk(
         _, run_sum = tl.associative_scan(
             (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
         )
-        if tl.max(extends.to(tl.int32), axis=0) > 0:
-            ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
-                               last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
-            run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
+        run_sum = _add_ahead(run_sum, extends, grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+                             sorted_scale_ptr, q, last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
         apply_update(
             run_sum, w, m1, m2, piece_end, row_mask, w_ptrs, w_start, row, cols, dim,
             momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
@@ -260,10 +263,8 @@ def _chunk_walk_kernel(
     # that chunk, are added at once.
     last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
     extends = owned & (row == last_row) & last_goes_on
-    if tl.max(extends.to(tl.int32), axis=0) > 0:
-        ahead = _ahead_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
-                           last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
-        run_sum += tl.where(extends[:, None], ahead[None, :], 0.0)
+    run_sum = _add_ahead(run_sum, extends, grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+                         sorted_scale_ptr, q, last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
     apply_update(
         run_sum, w, m1, m2, owned, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,

@@ -56,23 +56,32 @@ SAME_SEMANTICS = {"plain2": "plain", "stale0": "plain", "stale1": "semisync"}
 def make_config(
     balance: str, backend: str, batch_size: int, rows: int, dim: int, zipf: float, sharding: str = "table_wise"
 ) -> TrainConfig:
-    """The balance's DLRM; every table limited to ``sharding`` (empty: the planner's choice,
-    which reads free GPU memory and may change from one build to the next)."""
+    """The balance's DLRM over tables alike (``dlrm_config``)."""
     b = BALANCES[balance]
+    tables = TablesConfig(num_tables=b["num_tables"], rows=rows, dim=dim, pooling_factor=b["pooling_factor"],
+                          zipf_alpha=zipf)  # fmt: skip
+    return dlrm_config(tables, b["dense"], b["over"], backend, batch_size, sharding)
+
+
+def dlrm_config(
+    tables: TablesConfig, dense: List[int], over: List[int], backend: str, batch_size: int, sharding: str = "table_wise"
+) -> TrainConfig:
+    """A DLRM over ``tables`` whose bottom MLP ``dense`` ends in the tables' dim, fused rowwise
+    Adagrad and dense Adagrad; every table limited to ``sharding`` (empty: the planner's
+    choice, which reads free GPU memory and may change from one build to the next)."""
     return TrainConfig(
         sharding=ShardingConfig(sharding_types=[t for t in sharding.split(",") if t]),
-        model=ModelConfig(name="dlrm", dense_in_features=13, dense_arch_layer_sizes=[*b["dense"][:-1], dim],
-                          over_arch_layer_sizes=list(b["over"])),
-        tables=TablesConfig(num_tables=b["num_tables"], rows=rows, dim=dim, pooling_factor=b["pooling_factor"],
-                            zipf_alpha=zipf),
+        model=ModelConfig(name="dlrm", dense_in_features=13, dense_arch_layer_sizes=[*dense[:-1], tables.dim],
+                          over_arch_layer_sizes=list(over)),
+        tables=tables,
         data=DataConfig(batch_size=batch_size, seed=0),
         optimizer=OptimizerConfig(sparse="EXACT_ROWWISE_ADAGRAD", sparse_lr=0.01, dense="adagrad", dense_lr=1e-3),
         backend=dataclasses.replace(TrainConfig().backend, name=backend),
     )  # fmt: skip
 
 
-def device_init(dmp, seed: int, bound: float, block_rows: int = 65536) -> None:
-    """Every table U(-bound, bound) from generators on the device seeded by (seed, table,
+def device_init(dmp, seed: int, bounds: List[float], block_rows: int = 65536) -> None:
+    """Table t U(-bounds[t], bounds[t]) from generators on the device seeded by (seed, t,
     global row block), sliced into the local shards: the same weights whatever the
     backend and the plan (the planner may shard differently from one build to the next)."""
     with torch.no_grad():
@@ -80,6 +89,7 @@ def device_init(dmp, seed: int, bound: float, block_rows: int = 65536) -> None:
             if "embedding_bags" not in key or not hasattr(value, "local_shards"):
                 continue
             table, width = int(key.split(".")[-2][1:]), value.size(1)
+            bound = bounds[table]
             for shard in value.local_shards():
                 (r0, c0), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 device = shard.tensor.device
@@ -214,29 +224,48 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_mode(runner, batches: List[Any], warmup: int, steps: int, device: torch.device) -> Dict[str, Any]:
-    """Wall time of ``steps`` progress calls after ``warmup``; the losses of all calls."""
+def _mark(device: torch.device) -> Any:
+    """A point between steps: a CUDA event on the current stream (no sync), or the host's
+    clock on CPU, where every step runs synchronously."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _elapsed_ms(start: Any, end: Any) -> float:
+    return start.elapsed_time(end) if isinstance(start, torch.cuda.Event) else 1e3 * (end - start)
+
+
+def time_mode(
+    runner, batches: List[Any], warmup: int, steps: int, device: torch.device, windows: int = 1
+) -> Dict[str, Any]:
+    """Wall time of ``steps`` progress calls after ``warmup``, in ``windows`` windows each
+    synchronized at both ends (so a pipeline's overlap across steps counts inside them);
+    every step's time between marks; the losses of all calls."""
     iterator = itertools.cycle(batches)
     losses = []
     for _ in range(warmup):
         losses.append(runner.progress(iterator)[0])
-    _synchronize(device)
-    marks = []  # CUDA events on the current stream between steps: where the time went, no syncs
-    start = time.perf_counter()
-    for _ in range(steps):
-        if device.type == "cuda":
-            marks.append(torch.cuda.Event(enable_timing=True))
-            marks[-1].record()
-        losses.append(runner.progress(iterator)[0])
-    if marks:
-        marks.append(torch.cuda.Event(enable_timing=True))
-        marks[-1].record()
-    _synchronize(device)
-    elapsed = time.perf_counter() - start
+    if not 1 <= windows <= steps:
+        raise ValueError(f"windows must be in 1..steps ({steps}), got {windows}")
+    counts = [steps // windows + (w < steps % windows) for w in range(windows)]
+    window_ms, step_ms = [], []
+    for count in counts:
+        _synchronize(device)
+        start, marks = time.perf_counter(), []
+        for _ in range(count):
+            marks.append(_mark(device))
+            losses.append(runner.progress(iterator)[0])
+        marks.append(_mark(device))
+        _synchronize(device)
+        window_ms.append(1e3 * (time.perf_counter() - start) / count)
+        step_ms += [round(_elapsed_ms(a, b), 3) for a, b in zip(marks, marks[1:])]
     if hasattr(runner, "drain"):
         runner.drain()
-    return {"ms": 1e3 * elapsed / steps, "losses": [float(x) for x in torch.stack(losses).float().cpu()],
-            "step_ms": [round(a.elapsed_time(b), 3) for a, b in zip(marks, marks[1:])]}  # fmt: skip
+    return {"ms": sum(ms * n for ms, n in zip(window_ms, counts)) / steps, "window_ms": window_ms,
+            "losses": [float(x) for x in torch.stack(losses).float().cpu()], "step_ms": step_ms}  # fmt: skip
 
 
 def stream_summary(trace_path: str) -> Dict[str, Any]:
@@ -273,23 +302,37 @@ def stream_summary(trace_path: str) -> Dict[str, Any]:
     return {"busy_ms_per_stream": busy, "overlap_ms": overlap / 1e3, "window_ms": window}
 
 
-def trace_mode(runner, batches: List[Any], steps: int, device: torch.device, path: str, keep: bool) -> Dict[str, Any]:
+def profile_steps(runner, batches: List[Any], steps: int, device: torch.device):
+    """The profiler over ``steps`` progress calls, after 3 that warm the pipeline up again
+    (CPU ops; and CUDA kernels on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     iterator = itertools.cycle(batches)
     for _ in range(3):
         runner.progress(iterator)
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    _synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
         for _ in range(steps):
             runner.progress(iterator)
-        torch.cuda.synchronize(device)
-    prof.export_chrome_trace(path)
+        _synchronize(device)
+    return prof
+
+
+def trace_mode(runner, batches: List[Any], steps: int, device: torch.device, path: str, keep: bool) -> Dict[str, Any]:
+    profile_steps(runner, batches, steps, device).export_chrome_trace(path)
     summary = stream_summary(path)
     if not keep:
         os.remove(path)
     summary["steps"] = steps
     return summary
+
+
+def release_memory() -> None:
+    """Frees what the last model held: the pipelines' rewritten forwards hold it in cycles."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "plain2": PlainLoop, "sparse_only": SparseOnly,
@@ -320,8 +363,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 results.setdefault("warmup_runs", {})[f"{balance}/{backend}"] = {"ms": warm["ms"],
                                                                                   "step_ms": warm["step_ms"]}
                 del dmp, optimizer
-                gc.collect()
-                torch.cuda.empty_cache()
+                release_memory()
                 for mode in args.modes.split(","):
                     torch.manual_seed(cfg.data.seed)  # the same dense weights for every mode
                     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
@@ -342,8 +384,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                     if rank == 0:
                         print(f"{key}: {results['runs'][key]['ms']:.3f} ms/step", flush=True)
                     del dmp, optimizer, runner
-                    gc.collect()  # the pipelines' rewritten forwards hold the model in cycles
-                    torch.cuda.empty_cache()
+                    release_memory()
         results["examples_per_step"] = args.batch_size * world_size
         if rank == 0:
             summarize(results)

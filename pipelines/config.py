@@ -16,6 +16,9 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 LR_SCHEDULES = ("constant", "linear_warmup")
 SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard")
 DATA_SOURCES = ("synthetic", "criteo")
+# Per-table workloads the tables can be drawn from (``tbe_plugin.workloads`` builds them).
+TABLE_WORKLOADS = ("ctr_dlrm",)
+BAG_LENGTHS = ("poisson", "fixed")
 
 
 class ConfigError(ValueError):
@@ -58,17 +61,47 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class TableSpec:
+    """One table of ``tables.per_table``; ``TablesConfig`` validates it, naming its index."""
+
+    rows: int
+    """Rows of this table."""
+    pooling_factor: float
+    """Mean ids per bag."""
+    zipf_alpha: float
+    """Zipf exponent of its ids, ``tbe_plugin.workloads``' law (0: uniform; any value >= 0)."""
+    bag_lengths: str = "poisson"
+    """``poisson`` (lengths ~ Poisson(pooling_factor), empty bags included) or ``fixed``
+    (every bag ``round(pooling_factor)`` ids)."""
+
+    def validate(self, key: str) -> None:
+        _require(self.rows >= 1, f"{key}.rows", "must be >= 1")
+        _require(self.pooling_factor > 0, f"{key}.pooling_factor", "must be > 0")
+        _require(self.zipf_alpha >= 0, f"{key}.zipf_alpha", "must be >= 0")
+        _require_choice(self.bag_lengths, BAG_LENGTHS, f"{key}.bag_lengths")
+
+
+@dataclasses.dataclass
 class TablesConfig:
     num_tables: int = 8
     """Sparse features, one table each (``t0`` .. ``t{n-1}``, features ``f0`` ..)."""
     rows: int = 10_000
-    """Rows of every table."""
+    """Rows of every table (tables alike: neither ``workload`` nor ``per_table``)."""
     dim: int = 16
     """Embedding dimension of every table (DLRM's interaction needs one)."""
     pooling_factor: int = 8
-    """Mean ids per bag; lengths are drawn from 1 to twice this."""
+    """Mean ids per bag; lengths are drawn from 1 to twice this (tables alike)."""
     zipf_alpha: float = 1.15
-    """Exponent of the Zipf distribution of ids (0: uniform)."""
+    """Exponent of the Zipf distribution of ids (0: uniform; tables alike)."""
+    workload: Optional[str] = None
+    """Per-table rows, pooling and Zipf exponents from a named workload of
+    ``tbe_plugin.workloads``: ``ctr_dlrm`` (its DLRM-shaped click-through tables,
+    ``ctr_tables_dlrm(num_tables, dim, workload_seed)``). Null: see ``per_table``."""
+    workload_seed: int = 0
+    """The seed the workload's tables are drawn with."""
+    per_table: List[TableSpec] = dataclasses.field(default_factory=list)
+    """Each table's rows, pooling and Zipf exponent, ``num_tables`` entries (empty: every table
+    alike, from ``rows``, ``pooling_factor`` and ``zipf_alpha``)."""
     overrides: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Per-table fused-optimizer overrides, FBGEMM's names: ``{t0: {learning_rate: 0.1}}``."""
 
@@ -78,12 +111,26 @@ class TablesConfig:
         _require(self.dim >= 1, "tables.dim", "must be >= 1")
         _require(self.pooling_factor >= 1, "tables.pooling_factor", "must be >= 1")
         _require(self.zipf_alpha == 0 or self.zipf_alpha > 1, "tables.zipf_alpha", "must be 0 (uniform) or > 1")
+        _require(self.workload is None or self.workload in TABLE_WORKLOADS, "tables.workload",
+                 f"{self.workload!r} is not one of {', '.join(TABLE_WORKLOADS)} (or null)")  # fmt: skip
+        _require(self.workload is None or not self.per_table, "tables.per_table",
+                 "give either tables.workload or tables.per_table, not both")  # fmt: skip
+        _require(not self.per_table or len(self.per_table) == self.num_tables, "tables.per_table",
+                 f"has {len(self.per_table)} entries for tables.num_tables={self.num_tables}")  # fmt: skip
+        for i, spec in enumerate(self.per_table):
+            spec.validate(f"tables.per_table[{i}]")
         names = {f"t{i}" for i in range(self.num_tables)}
         for table, values in self.overrides.items():
             _require(table in names, f"tables.overrides.{table}", f"no such table (t0..t{self.num_tables - 1})")
             for key in values:
                 _require(key in ("learning_rate", "eps", "weight_decay", "beta1", "beta2"),
                          f"tables.overrides.{table}.{key}", "not a per-table optimizer setting")  # fmt: skip
+
+    @property
+    def alike(self) -> bool:
+        """Every table from ``rows``, ``pooling_factor`` and ``zipf_alpha`` (the synthetic
+        click log's tables); otherwise ``pipelines.data.table_workloads`` gives each table's."""
+        return self.workload is None and not self.per_table
 
 
 @dataclasses.dataclass
@@ -245,6 +292,7 @@ class TrainConfig:
         _require(self.eval_every_steps >= 0, "eval_every_steps", "must be >= 0")
         if isinstance(self.data, DataConfig) and self.data.source == "criteo":
             _require(self.tables.num_tables == 26, "tables.num_tables", "must be 26 with data.source=criteo")
+            _require(self.tables.alike, "tables.workload", "criteo's ids need tables alike (no workload, no per_table)")
             _require(self.model.dense_in_features == 13, "model.dense_in_features", "must be 13 with source=criteo")
         if isinstance(self.model, ModelConfig) and isinstance(self.tables, TablesConfig):
             _require(self.model.dense_arch_layer_sizes[-1] == self.tables.dim, "model.dense_arch_layer_sizes",

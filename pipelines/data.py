@@ -1,19 +1,22 @@
-"""Batches for the training app: a synthetic click log (the embedded default).
+"""Batches for the training app: synthetic click logs (the embedded default) and Criteo files.
 
-``SyntheticClickLog`` yields TorchRec ``Batch`` objects (dense features, a
+``SyntheticClickLog`` (tables alike) yields TorchRec ``Batch`` objects (dense features, a
 ``KeyedJaggedTensor`` of sparse features, labels) that TorchRec's pipelines accept. Ids
 per feature follow a Zipf law (shuffled over the rows), bag lengths vary around the
 pooling factor, and labels come from a fixed hidden logistic model of the dense features
 and of per-row scores, so a model can learn them. Everything is deterministic per seed
-and rank, so the job runs anywhere and runs compare.
+and rank, so the job runs anywhere and runs compare. ``WorkloadClickLog`` does the same
+for tables that differ (``tables.workload`` or ``tables.per_table``), drawing on the
+device with ``tbe_plugin.workloads``' generator.
 """
 
-from typing import Iterator
+from typing import Iterator, List, Tuple
 
 import numpy as np
 import torch
 
-from pipelines.config import DataConfig, TablesConfig
+from pipelines.config import ConfigError, DataConfig, TablesConfig
+from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
 
 
 class SyntheticClickLog:
@@ -73,6 +76,82 @@ class SyntheticClickLog:
             lengths=torch.from_numpy(lengths.reshape(-1)).long(),
         )
         return Batch(dense_features=torch.from_numpy(dense), sparse_features=features, labels=torch.from_numpy(labels))
+
+
+def table_workloads(tables: TablesConfig) -> Tuple[TableWorkload, ...]:
+    """Each table's rows, bag-length law and Zipf exponent, for tables that differ: the
+    named workload's, or ``per_table``'s."""
+    if tables.workload == "ctr_dlrm":
+        return ctr_tables_dlrm(num_tables=tables.num_tables, dim=tables.dim, seed=tables.workload_seed)
+    if not tables.per_table:
+        raise ConfigError("tables.per_table: empty and no tables.workload: the tables are alike")
+    return tuple(TableWorkload(rows=s.rows, dim=tables.dim, mean_pooling=float(s.pooling_factor),
+                               pooling=s.bag_lengths, alpha=float(s.zipf_alpha)) for s in tables.per_table)  # fmt: skip
+
+
+def rows_per_table(tables: TablesConfig) -> List[int]:
+    return [tables.rows] * tables.num_tables if tables.alike else [t.rows for t in table_workloads(tables)]
+
+
+# Multiplier of the per-row label score hash (Knuth's multiplicative hash, 2^32 / golden ratio).
+_ROW_HASH = 2654435761
+
+
+class WorkloadClickLog:
+    """Batches on ``device`` over tables that differ (``table_workloads``), ``num_batches``
+    of them (-1: endless): the ids and bag lengths of each batch from
+    ``tbe_plugin.workloads.generate_batch`` (its one Zipf generator, every table's hot rows
+    fixed), dense features N(0, 1), labels from a hidden logistic model of the dense
+    features and of a score per (table, row) hashed from the two, so no table-sized array
+    is kept and a model can learn them. Deterministic per (seed, rank, stream, batch) on
+    one device type; ``data.distinct_batches`` cycles as in ``SyntheticClickLog``."""
+
+    def __init__(
+        self, tables: TablesConfig, data: DataConfig, dense_in_features: int, device: torch.device, rank: int = 0,
+        num_batches: int = -1, stream: int = 0,
+    ) -> None:  # fmt: skip
+        self.workload = Workload("click-log", table_workloads(tables), data.batch_size)
+        self.data, self.dense_in, self.device = data, dense_in_features, device
+        self.rank, self.num_batches, self.stream = rank, num_batches, stream
+        hidden = torch.Generator().manual_seed(data.seed)  # the same hidden model on every rank
+        self._dense_weights = (torch.randn(dense_in_features, generator=hidden) / dense_in_features**0.5).to(device)
+
+    def __iter__(self) -> Iterator[object]:
+        distinct, cycle = self.data.distinct_batches, []
+        produced = 0
+        while self.num_batches < 0 or produced < self.num_batches:
+            if distinct and len(cycle) == distinct:
+                batch = cycle[produced % distinct]
+            else:
+                batch = self.batch(produced)
+                if distinct:
+                    cycle.append(batch)
+            produced += 1
+            yield batch
+
+    def _row_scores(self, tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """A fixed pseudo-random score per (table, row), uniform with variance 1."""
+        hashed = (rows * _ROW_HASH + (tables + 1) * 40503 + self.data.seed * 97).remainder_(2**32)
+        return (hashed.double() / 2**32 * 2 - 1).float() * 3**0.5
+
+    def batch(self, index: int):
+        from torchrec import KeyedJaggedTensor
+        from torchrec.datasets.utils import Batch
+
+        ids_seed, dense_seed = np.random.SeedSequence([self.data.seed, self.rank, self.stream, index]).generate_state(2)
+        ids, offsets, _ = generate_batch(self.workload, int(ids_seed), self.device)
+        B, T = self.workload.batch_size, self.workload.num_tables
+        lengths = offsets.diff()
+        g = torch.Generator(device=self.device).manual_seed(int(dense_seed))
+        dense = torch.randn(B, self.dense_in, generator=g, device=self.device)
+        table_of_id = torch.arange(T, device=self.device).repeat_interleave(lengths.view(T, B).sum(1))
+        bag_of_id = torch.arange(T * B, device=self.device).repeat_interleave(lengths)
+        bag_means = torch.zeros(T * B, device=self.device).index_add_(0, bag_of_id, self._row_scores(table_of_id, ids))
+        bag_means /= lengths.clamp(min=1)
+        score = dense @ self._dense_weights + bag_means.view(T, B).sum(0) / T**0.5
+        labels = (torch.rand(B, generator=g, device=self.device) < torch.sigmoid(2.0 * score)).float()
+        features = KeyedJaggedTensor.from_offsets_sync(keys=[f"f{t}" for t in range(T)], values=ids, offsets=offsets)
+        return Batch(dense_features=dense, sparse_features=features, labels=labels)
 
 
 CRITEO_DENSE, CRITEO_SPARSE = 13, 26

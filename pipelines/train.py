@@ -47,7 +47,8 @@ def _init_distributed() -> Tuple[int, int, torch.device]:
 
 def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None):
     """DLRM over the configured tables, sharded for ``cfg.backend``; and the dense optimizer.
-    ``init(dmp, seed, bound)`` sets the tables (default ``init_tables``)."""
+    ``init(dmp, seed, bounds)`` sets the tables, table ``t`` to U(-bounds[t], bounds[t]) with
+    bound 1/sqrt(rows), TorchRec's default (default ``init_tables``)."""
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -56,11 +57,12 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     from torchrec.distributed.types import ShardingEnv
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
+    from pipelines.data import rows_per_table
     from tbe_plugin.torchrec import get_sharders, make_planner
 
+    rows = rows_per_table(cfg.tables)
     tables = [
-        EmbeddingBagConfig(name=f"t{i}", embedding_dim=cfg.tables.dim, num_embeddings=cfg.tables.rows,
-                           feature_names=[f"f{i}"])  # fmt: skip
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=cfg.tables.dim, num_embeddings=rows[i], feature_names=[f"f{i}"])
         for i in range(cfg.tables.num_tables)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -92,7 +94,7 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     dmp = DistributedModelParallel(
         model, env=ShardingEnv.from_process_group(dist.group.WORLD), plan=plan, device=device, sharders=sharders
     )
-    (init or init_tables)(dmp, cfg.data.seed, bound=1.0 / cfg.tables.rows**0.5)
+    (init or init_tables)(dmp, cfg.data.seed, bounds=[1.0 / n**0.5 for n in rows])
     dense = [p for name, p in dmp.named_parameters() if "embedding_bags" not in name]
     optimizer_class = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
     return dmp, optimizer_class[cfg.optimizer.dense](dense, lr=cfg.optimizer.dense_lr)
@@ -106,8 +108,8 @@ def _override_table_optimizer(weight: torch.nn.Parameter, settings: Dict[str, An
     weight._optimizer_kwargs = [dict(settings)]
 
 
-def init_tables(dmp, seed: int, bound: float, block_rows: int = 4096) -> None:
-    """Every table U(-bound, bound) from generators seeded by (seed, table, row block): the
+def init_tables(dmp, seed: int, bounds: List[float], block_rows: int = 4096) -> None:
+    """Table t U(-bounds[t], bounds[t]) from generators seeded by (seed, t, row block): the
     same values whatever the backend and the sharding, built one local shard at a time."""
     with torch.no_grad():
         for key, value in dmp.state_dict().items():
@@ -119,23 +121,28 @@ def init_tables(dmp, seed: int, bound: float, block_rows: int = 4096) -> None:
                 (r0, c0), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 for first in range(r0 // block_rows * block_rows, r0 + n, block_rows):
                     g = torch.Generator().manual_seed(seed * 1_000_003 + table * 10_007 + first // block_rows)
-                    block = (torch.rand(block_rows, width, generator=g) * 2 - 1) * bound
+                    block = (torch.rand(block_rows, width, generator=g) * 2 - 1) * bounds[table]
                     lo, hi = max(first, r0), min(first + block_rows, r0 + n)
                     shard.tensor[lo - r0 : hi - r0].copy_(block[lo - first : hi - first, c0 : c0 + m])
 
 
 def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0):
     """Training (stream 0) or evaluation (stream 1) batches for this rank. Criteo files
-    serve both: evaluation reads them from the start again."""
+    serve both: evaluation reads them from the start again. Tables that differ are drawn
+    on the device (``WorkloadClickLog``)."""
     import itertools
 
     import torch.distributed as dist
 
-    from pipelines.data import CriteoTSV, SyntheticClickLog
+    from pipelines.data import CriteoTSV, SyntheticClickLog, WorkloadClickLog
 
     if cfg.data.source == "criteo":
         reader = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size())
         return itertools.islice(iter(reader), num_batches)
+    if not cfg.tables.alike:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return iter(WorkloadClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, device, rank, num_batches,
+                                     stream))  # fmt: skip
     return iter(SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, num_batches, stream))
 
 

@@ -323,25 +323,28 @@ def skew_stats(workload: Workload, indices: torch.Tensor, offsets: torch.Tensor)
 
     ``lookups``: ids in the batch; ``distinct_fraction``: distinct (table, row) pairs /
     lookups; ``hot1pct_share``: share of the lookups that hit the ceil(HOT_ROW_FRACTION * E_t)
-    most frequent rows of each table t in this batch; ``max_run``: most lookups of one row.
+    most frequent rows of each table t in this batch; ``max_run``: most lookups of one row;
+    ``distinct_per_table``: distinct rows of each table. ``workload`` may be anything with
+    ``name``, ``num_tables``, ``batch_size`` and ``rows`` (the benchmarks' configs are).
     """
     bounds = offsets[:: workload.batch_size].tolist()
     if len(bounds) != workload.num_tables + 1:
         raise ValueError(f"offsets has {offsets.numel()} entries; workload {workload.name} needs "
                          f"{workload.num_tables * workload.batch_size + 1}")
-    distinct = hot = max_run = 0
-    for t, table in enumerate(workload.tables):
+    distinct, hot, max_run = [], 0, 0
+    for t, rows in enumerate(workload.rows):
         ids = indices[bounds[t] : bounds[t + 1]]
         if ids.numel() == 0:
+            distinct.append(0)
             continue
         counts = torch.unique(ids, return_counts=True)[1]
-        distinct += counts.numel()
-        hottest = min(math.ceil(HOT_ROW_FRACTION * table.rows), counts.numel())
+        distinct.append(counts.numel())
+        hottest = min(math.ceil(HOT_ROW_FRACTION * rows), counts.numel())
         hot += int(torch.topk(counts, hottest, sorted=False).values.sum())
         max_run = max(max_run, int(counts.max()))
     lookups = indices.numel()
-    return {"lookups": lookups, "distinct_fraction": distinct / max(lookups, 1),
-            "hot1pct_share": hot / max(lookups, 1), "max_run": max_run}
+    return {"lookups": lookups, "distinct_fraction": sum(distinct) / max(lookups, 1),
+            "hot1pct_share": hot / max(lookups, 1), "max_run": max_run, "distinct_per_table": distinct}
 
 
 def _log_uniform_rows(rng: np.random.Generator, count: int, low: float, high: float) -> np.ndarray:

@@ -157,7 +157,7 @@ def test_skew_stats_counts_a_known_batch():
     indices = torch.tensor([5, 5, 5, 1, 2, 5, 9, 9, 8, 7])
     offsets = torch.tensor([0, 3, 6, 8, 10])
     stats = skew_stats(workload, indices, offsets)
-    assert stats["lookups"] == 10 and stats["max_run"] == 4
+    assert stats["lookups"] == 10 and stats["max_run"] == 4 and stats["distinct_per_table"] == [3, 3]
     assert stats["distinct_fraction"] == pytest.approx(6 / 10)
     # hottest 1 row of table 0 (row 5: 4 lookups) and 3 rows of table 1 (9, 9, 8, 7: 4 lookups).
     assert stats["hot1pct_share"] == pytest.approx(8 / 10)

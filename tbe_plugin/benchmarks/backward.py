@@ -1,7 +1,7 @@
 """Backward + fused-optimizer A/B benchmark: our Triton TBE vs FBGEMM's, as training steps.
 
-Run from the repo root: ``python -m tbe_plugin.benchmarks.backward [--smoke] [--configs a,b]
-[--optimizers X,Y] [--out DIR]``. Writes DIR/backward.json and DIR/backward.md and prints
+Run from the repo root: ``python -m tbe_plugin.benchmarks.backward [--smoke] [--suite S]
+[--configs a,b] [--optimizers X,Y] [--out DIR]``. Writes DIR/backward.json and DIR/backward.md and prints
 the markdown. Both modules get the same constructor arguments (``forward.tbe_module_kwargs``
 with the optimizer set and stochastic rounding off), identical weights (FBGEMM's, filled
 from a fixed seed and copied into ours via ``split_embedding_weights()``), identical
@@ -17,17 +17,21 @@ configs and constructor arguments are the forward benchmark's.
 
 import argparse
 import sys
+import time
 
 import torch
 
 from tbe_plugin.benchmarks.common import (
-    ABS_TOLERANCE, FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_,
-    describe_config, distinct_rows_per_table, fbgemm_api, fill_tables_uniform_, forward_bytes,
-    free_device_memory, generate_batches, geomean, markdown_table, max_abs_diff, measure_copy_bandwidth,
-    outputs_match, per_table_inputs, add_run_arguments, benchmark_device, fill_defaults, report_header, silence_fbgemm_logging, summarize_ms, time_alternating,
-    write_report,
+    ABS_TOLERANCE, FORWARD_BYTES_FORMULA, SKEW_LEGEND, BenchConfig, InputBatch, add_run_arguments, batch_skew,
+    benchmark_device, collect_environment, config_record, copy_tables_, fbgemm_api, fill_defaults,
+    fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches, geomeans, markdown_table,
+    max_abs_diff, measure_copy_bandwidth, outputs_match, per_table_inputs, production_names, report_header,
+    silence_fbgemm_logging, skew_cells, summarize_ms, time_alternating, write_report,
 )
-from tbe_plugin.benchmarks.forward import FBGEMM, OURS, select_configs, tbe_module_kwargs
+from tbe_plugin.benchmarks.forward import FBGEMM, OURS, tbe_module_kwargs
+from tbe_plugin.benchmarks.suite import (
+    add_suite_argument, device_bytes_needed, is_production, memory_shortfall, select_configs,
+)
 
 OPTIMIZERS = ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB")
 SUITE_OPTIMIZER = "EXACT_ROWWISE_ADAGRAD"
@@ -41,6 +45,11 @@ LEARNING_RATE, EPS = 0.01, 1.0e-8
 # per-row sums only differ in order: a state matches within this fraction of its max.
 STATE_REL_TOLERANCE = 1e-4
 SORT_BYTES_PER_LOOKUP = 2 * (4 + 4)
+# fp32 optimizer state per row as (floats per row, floats per row and column), FBGEMM's
+# layout; only sizes the memory check before the modules exist (the byte count reads the
+# module's own states).
+STATE_FLOATS = {"EXACT_SGD": (0, 0), "EXACT_ROWWISE_ADAGRAD": (1, 0), "EXACT_ADAGRAD": (0, 1),
+                "ADAM": (0, 2), "PARTIAL_ROWWISE_ADAM": (1, 1), "LAMB": (0, 2)}
 
 BACKWARD_BYTES_FORMULA = (
     "bytes = B * sum_t(D_t) * 4 [fp32 grad_output, read once] "
@@ -61,7 +70,7 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0][:200]
 
 
-def build_module(name: str, cfg: TBEConfig, optimizer: str, device: torch.device) -> torch.nn.Module:
+def build_module(name: str, cfg: BenchConfig, optimizer: str, device: torch.device) -> torch.nn.Module:
     """FBGEMM's TBE or ours, with the forward benchmark's arguments and this optimizer."""
     api = fbgemm_api()
     kwargs = tbe_module_kwargs(cfg, device) | dict(
@@ -85,16 +94,28 @@ def optimizer_states(module: torch.nn.Module) -> list[list[torch.Tensor]]:
     return [list(s) for s in states] if states else [[] for _ in module.split_embedding_weights()]
 
 
-def state_bytes_per_row(cfg: TBEConfig, module: torch.nn.Module) -> list[int]:
+def state_bytes_per_row(cfg: BenchConfig, module: torch.nn.Module) -> list[int]:
     """Bytes of optimizer state per row of each table, read off the module's own layout."""
-    return [sum(s.numel() * s.element_size() for s in states) // cfg.E for states in optimizer_states(module)]
+    return [sum(s.numel() * s.element_size() for s in states) // rows
+            for states, rows in zip(optimizer_states(module), cfg.rows)]
 
 
-def backward_bytes(cfg: TBEConfig, batch: InputBatch, distinct: list[int], state_bytes: list[int]) -> dict:
+def memory_check(cfg: BenchConfig, optimizers: list[str], args, device: torch.device) -> str | None:
+    """Why ``cfg`` cannot run with the most memory-hungry of ``optimizers``, or None."""
+    def need(optimizer: str) -> int:
+        per_row, per_column = STATE_FLOATS[optimizer]
+        state = [4 * (per_row + per_column * dim) for dim in cfg.dims]
+        # Where FBGEMM is n/a, reference_step holds an fp32 copy of the tables: a third provider.
+        return device_bytes_needed(cfg, args.batches, state, providers=3 if cfg.weights_precision == "bf16" else 2)
+
+    return memory_shortfall(device, max(need(optimizer) for optimizer in optimizers))
+
+
+def backward_bytes(cfg: BenchConfig, batch: InputBatch, distinct: list[int], state_bytes: list[int]) -> dict:
     """Bytes one fused backward must move, per ``BACKWARD_BYTES_FORMULA``."""
     n = batch.indices.numel()
     parts = {
-        "grad_output": cfg.B * sum(cfg.dims) * 4,
+        "grad_output": cfg.batch_size * sum(cfg.dims) * 4,
         "rows": 2 * sum(u * d for u, d in zip(distinct, cfg.dims)) * cfg.weight_dtype.itemsize,
         "optimizer_state": 2 * sum(u * s for u, s in zip(distinct, state_bytes)),
         "indices": n * batch.indices.element_size() + batch.offsets.numel() * batch.offsets.element_size()
@@ -116,7 +137,7 @@ def reference_step(cfg, optimizer, tables, states, batch, grad) -> tuple[list, l
         fp32 = table.detach().to(torch.float32, copy=True).requires_grad_()
         with torch.enable_grad():
             pooled = torch.nn.functional.embedding_bag(
-                indices, fp32, offsets, mode=cfg.pooling, per_sample_weights=weights, include_last_offset=True)
+                indices, fp32, offsets, mode=cfg.pooling_mode, per_sample_weights=weights, include_last_offset=True)
             pooled.backward(grad[:, column : column + dim])
         column += dim
         touched = torch.unique(indices.to(torch.int64))
@@ -192,6 +213,13 @@ def time_modes(modules, batches, grad, args, device) -> dict[str, dict[str, list
     }
 
 
+def skipped_entry(cfg: BenchConfig, optimizer: str, reason: str) -> dict:
+    """The report entry of a (config, optimizer) that did not run, both providers n/a."""
+    return {"name": cfg.name, "optimizer": optimizer, "config": config_record(cfg), "shape": cfg.describe(),
+            "production": is_production(cfg), "skipped": reason, "skew": None, "reference": "none",
+            "providers": {n: {"status": "n/a", "reason": reason} for n in PROVIDERS}, "ratios": {}}
+
+
 def run_entry(cfg, optimizer, batches, grad, args, device, copy_tbps) -> dict:
     """Build both modules, check one step, time the three modes; everything freed on return."""
     modules, unavailable = {}, {}
@@ -207,7 +235,8 @@ def run_entry(cfg, optimizer, batches, grad, args, device, copy_tbps) -> dict:
     fill_tables_uniform_(source, seed=1234)
     for module in modules.values():
         copy_tables_(module.split_embedding_weights(), source)
-    distinct = distinct_rows_per_table(cfg, batches[0])
+    skew = batch_skew(cfg, batches[0])
+    distinct = skew["distinct_per_table"]
     forward = forward_bytes(cfg, batches[0])
     backward = backward_bytes(cfg, batches[0], distinct, state_bytes_per_row(cfg, modules[OURS]))
     moved = {"fwd": forward["total"], "bwd": backward["total"], "fwd+bwd": forward["total"] + backward["total"]}
@@ -229,14 +258,14 @@ def run_entry(cfg, optimizer, batches, grad, args, device, copy_tbps) -> dict:
     if all(results[n]["status"] == "ok" for n in PROVIDERS):
         ratios = {mode: results[FBGEMM]["modes"][mode]["median_ms"] / results[OURS]["modes"][mode]["median_ms"]
                   for mode in MODES}
-    return {"name": cfg.name, "optimizer": optimizer, "config": cfg.as_dict(),
-            "distinct_row_fraction": sum(distinct) / max(batches[0].indices.numel(), 1),
+    return {"name": cfg.name, "optimizer": optimizer, "config": config_record(cfg), "shape": cfg.describe(),
+            "production": is_production(cfg), "skew": skew,
             "bytes": {"fwd": forward, "bwd": backward, "fwd+bwd": moved["fwd+bwd"],
                       "fbgemm_formula_bytes": fbgemm_formula},
             "reference": reference, "providers": results, "ratios": ratios}
 
 
-def plan(args) -> list[tuple[TBEConfig, list[str]]]:
+def plan(args) -> list[tuple[BenchConfig, list[str]]]:
     """(config, optimizers) to run: by default the suite optimizer on every selected config
     and every optimizer on the reference config; ``--optimizers`` names them for all."""
     configs = select_configs(args)
@@ -265,32 +294,35 @@ def render_markdown(report: dict) -> str:
         "embedding_bag autograd in fp32 + tbe_plugin.ops.reference.optimizer_step_reference). "
         "Tolerance: weights as the forward benchmark's (relative to max |w|, per precision), "
         f"states {STATE_REL_TOLERANCE:g} x max |state|.",
+        f"- {SKEW_LEGEND}",
         "",
     ]
     if report["mismatches"]:
         header += [f"**Mismatch after one step** (beyond tolerance): {', '.join(report['mismatches'])}", ""]
     parts = list(header)
+    means = [("geomean", report["geomean"]),
+             (f"geomean (production: {production_names(entries)})", report["geomean_production"])]
     for mode in MODES:
         rows = []
         for e in entries:
             res = e["providers"]
             ok = {n: res[n]["status"] == "ok" for n in PROVIDERS}
-            row = [e["name"], e["optimizer"]]
+            row = [e["name"], e["optimizer"], *skew_cells(e["skew"])]
             row += [f"{res[n]['modes'][mode]['median_ms']:.4g}" if ok[n] else "n/a" for n in PROVIDERS]
             row += [f"{res[n]['modes'][mode]['tbps']:.3g} ({res[n]['modes'][mode]['pct_copy_bw']:.3g}%)"
                     if ok[n] else "n/a" for n in PROVIDERS]
             row.append(f"{e['ratios'][mode]:.3f}" if mode in e["ratios"] else "n/a")
             rows.append(row)
-        mean = report["geomean"].get(mode)
-        rows.append(["geomean", "", "", "", "", "", f"{mean:.3f}" if mean else "n/a"])
-        columns = ["config", "optimizer", *(f"{n} ms" for n in PROVIDERS),
+        for label, by_mode in means:
+            mean = by_mode.get(mode)
+            rows.append([label, *[""] * (3 + 2 * len(PROVIDERS)), f"{mean:.3f}" if mean else "n/a"])
+        columns = ["config", "optimizer", "distinct", "hot1%", *(f"{n} ms" for n in PROVIDERS),
                    *(f"{n} TB/s (% copy)" for n in PROVIDERS), f"{FBGEMM}/{OURS}"]
         parts += [f"## {mode}", "", markdown_table(columns, rows), ""]
     rows = []
     for e in entries:
         ours = e["providers"][OURS]
-        row = [e["name"], e["optimizer"], describe_config(e["config"]), f"{e['distinct_row_fraction']:.0%}",
-               e["reference"]]
+        row = [e["name"], e["optimizer"], e["shape"], skew_cells(e["skew"])[0], e["reference"]]
         if "weights_max_abs_diff" in ours:
             flag = "yes" if ours["matches"] else "**MISMATCH**"
             row += [f"{ours['weights_max_abs_diff']:.2e}", f"{ours['states_max_abs_diff']:.2e}", flag]
@@ -315,7 +347,8 @@ def render_markdown(report: dict) -> str:
 def write_partial_report(report: dict, out_dir: str) -> str:
     """Fill in the geomeans and mismatches of the entries so far, write both files, and
     return the markdown."""
-    report["geomean"] = {mode: geomean([e["ratios"].get(mode) for e in report["entries"]]) for mode in MODES}
+    report["geomean"] = geomeans(report["entries"], list(MODES))
+    report["geomean_production"] = geomeans(report["entries"], list(MODES), production_only=True)
     report["mismatches"] = [f"{e['name']}/{e['optimizer']}" for e in report["entries"]
                             if e["providers"][OURS].get("matches") is False]
     markdown = render_markdown(report)
@@ -326,6 +359,7 @@ def write_partial_report(report: dict, out_dir: str) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser, "backward", "timed rounds per mode (default 20, smoke 3)")
+    add_suite_argument(parser)
     parser.add_argument("--optimizers", default=None,
                         help=f"comma-separated, run on every selected config; default: {SUITE_OPTIMIZER} "
                              "on every config, every optimizer on the reference config")
@@ -358,14 +392,23 @@ def main(argv: list[str] | None = None) -> dict:
     }
     markdown = write_partial_report(report, args.out)
     for cfg, optimizers in work:
+        began = time.perf_counter()
+        shortfall = memory_check(cfg, optimizers, args, device)
+        if shortfall is not None:
+            print(f"[backward] {cfg.name}: {shortfall}", file=sys.stderr, flush=True)
+            report["configs"].append({"name": cfg.name, "input_source": "not generated", "skipped": shortfall})
+            report["entries"] += [skipped_entry(cfg, optimizer, shortfall) for optimizer in optimizers]
+            markdown = write_partial_report(report, args.out)
+            continue
         batches, input_source = generate_batches(cfg, args.batches, device, seed=args.seed)
         generator = torch.Generator(device=device).manual_seed(args.seed + 99)
-        grad = torch.randn(cfg.B, sum(cfg.dims), generator=generator, device=device)
+        grad = torch.randn(cfg.batch_size, sum(cfg.dims), generator=generator, device=device)
         report["configs"].append({"name": cfg.name, "input_source": input_source})
         for optimizer in optimizers:
             print(f"[backward] {cfg.name} {optimizer} ...", file=sys.stderr, flush=True)
             report["entries"].append(run_entry(cfg, optimizer, batches, grad, args, device, copy_bw["tbps"]))
             free_device_memory()
+            report["configs"][-1]["elapsed_s"] = time.perf_counter() - began
             # Rewritten after every entry: a run stopped by a time limit keeps what it measured.
             markdown = write_partial_report(report, args.out)
         del batches, grad

@@ -1,26 +1,37 @@
 """What every TBE benchmark shares: configs, inputs, weights, timing, byte accounting, reports.
 
+A benchmark config is a ``TBEConfig`` (FBGEMM's vocabulary: T tables alike, fixed L; inputs
+from FBGEMM's ``generate_requests``) or a ``tbe_plugin.workloads.Workload`` (per-table rows,
+D, pooling law and skew; inputs from ``workloads.generate_batch``). Both answer the same
+questions (``name``, ``num_tables``, ``batch_size``, ``rows``, ``dims``, ``weights_precision``,
+``pooling_mode``, ``weighted``, ``index_dtype``, ``describe()``), which is all that the
+functions here ask of a config.
+
 Imported by ``tbe_plugin.benchmarks.forward`` and ``tbe_plugin.benchmarks.backward``; it
-imports torch and numpy at module level and FBGEMM only inside functions, so that a
-caller can silence FBGEMM's import-time logging first (``silence_fbgemm_logging``).
-Nothing here times a provider differently from another: the same inputs, the same
-alternating order, the same clock.
+imports torch, numpy and ``tbe_plugin.workloads`` at module level and FBGEMM only inside
+functions, so that a caller can silence FBGEMM's import-time logging first
+(``silence_fbgemm_logging``). Nothing here times a provider differently from another: the
+same inputs, the same alternating order, the same clock.
 """
 
 import dataclasses
 import inspect
-import json
 import logging
-import math
 import os
 import platform
 import time
 import types
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
+
+# Re-exported: the benchmarks, pipelines.benchmark and scripts import these from here.
+from tbe_plugin.benchmarks.report import (  # noqa: F401
+    SKEW_LEGEND, geomean, geomeans, git_state, markdown_table, production_names, report_header, skew_cells,
+    write_report,
+)
+from tbe_plugin.workloads import TableWorkload, Workload, generate_batch, skew_stats
 
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
@@ -38,7 +49,8 @@ FORWARD_BYTES_FORMULA = (
     "repeated ids included), n = sum_t n_t, w = bytes per weight, s_idx/s_off/s_out = "
     "element sizes of indices/offsets/output. FBGEMM's own benchmark "
     "(bench/tbe/tbe_training_benchmark.py, `device`) counts only "
-    "B*sum(D)*L*w + B*sum(D)*s_out; that figure is in the JSON as fbgemm_formula_bytes."
+    "B*sum(D)*L*w + B*sum(D)*s_out (with per-table bags: sum_t(n_t * D_t) * w + "
+    "B*sum(D)*s_out); that figure is in the JSON as fbgemm_formula_bytes."
 )
 
 
@@ -90,7 +102,8 @@ class TBEConfig:
     weighted: bool = False
     """Pass per-sample weights (fp32, like FBGEMM's request generator)."""
     zipf_alpha: float | None = None
-    """None: uniform ids; otherwise Zipf(alpha) ids, hot rows scattered over the table."""
+    """None: uniform ids; otherwise Zipf(alpha) ids as FBGEMM's ``generate_requests`` draws
+    them (the fallback without it: ``tbe_plugin.workloads``' truncated law, hot rows scattered)."""
     index_dtype: str = "int64"
     """Dtype of indices and offsets (FBGEMM's default is int64)."""
 
@@ -112,6 +125,23 @@ class TBEConfig:
         if self.index_dtype not in INDEX_DTYPES:
             raise ValueError(f"config {self.name}: index_dtype {self.index_dtype!r}")
 
+    # The vocabulary shared with ``workloads.Workload`` (module docstring).
+    @property
+    def num_tables(self) -> int:
+        return self.T
+
+    @property
+    def batch_size(self) -> int:
+        return self.B
+
+    @property
+    def pooling_mode(self) -> str:
+        return self.pooling
+
+    @property
+    def rows(self) -> list[int]:
+        return [self.E] * self.T
+
     @property
     def dims(self) -> list[int]:
         cycle = self.D if isinstance(self.D, tuple) else (self.D,)
@@ -121,17 +151,36 @@ class TBEConfig:
     def weight_dtype(self) -> torch.dtype:
         return WEIGHT_DTYPES[self.weights_precision]
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"dims": self.dims}
+    @property
+    def weight_bytes(self) -> int:
+        return self.E * sum(self.dims) * self.weight_dtype.itemsize
+
+    @property
+    def expected_lookups(self) -> int:
+        return self.T * self.B * self.L
+
+    def as_workload(self) -> Workload:
+        """The same shape as a ``Workload``: every bag L ids, ids uniform or Zipf(zipf_alpha)."""
+        tables = tuple(TableWorkload(rows=self.E, dim=d, mean_pooling=self.L, pooling="fixed",
+                                     alpha=self.zipf_alpha or 0.0) for d in self.dims)
+        return Workload(self.name, tables, self.B, weights_precision=self.weights_precision,
+                        pooling_mode=self.pooling, weighted=self.weighted, index_dtype=self.index_dtype)
+
+    def describe(self) -> str:
+        """One line: T, B, L, E, D, precision, pooling, ids."""
+        dims = self.D if isinstance(self.D, int) else "/".join(map(str, self.D))
+        ids = "uniform" if self.zipf_alpha is None else f"zipf{self.zipf_alpha}"
+        extra = " weighted" if self.weighted else ""
+        return (f"T={self.T} B={self.B} L={self.L} E={self.E:.0e} D={dims} "
+                f"{self.weights_precision} {self.pooling} {ids}{extra}")
 
 
-def describe_config(cfg: dict) -> str:
-    """One-line shape of a config given as ``TBEConfig.as_dict()`` (the reports' JSON)."""
-    dims = cfg["D"] if isinstance(cfg["D"], int) else "/".join(map(str, cfg["D"]))
-    ids = "uniform" if cfg["zipf_alpha"] is None else f"zipf{cfg['zipf_alpha']}"
-    extra = " weighted" if cfg["weighted"] else ""
-    return (f"T={cfg['T']} B={cfg['B']} L={cfg['L']} E={cfg['E']:.0e} D={dims} "
-            f"{cfg['weights_precision']} {cfg['pooling']} {ids}{extra}")
+BenchConfig = TBEConfig | Workload
+
+
+def config_record(cfg: BenchConfig) -> dict:
+    """A config as the reports' JSON holds it: its fields plus per-table rows and dims."""
+    return dataclasses.asdict(cfg) | {"kind": type(cfg).__name__, "rows": cfg.rows, "dims": cfg.dims}
 
 
 @dataclasses.dataclass
@@ -173,34 +222,27 @@ def _batches_from_fbgemm(generate_requests, cfg: TBEConfig, num_batches: int, de
     return [request.unpack_3() for request in requests]
 
 
-def _batches_from_numpy(cfg: TBEConfig, num_batches: int, seed: int) -> list:
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(num_batches):
-        shape = (cfg.T, cfg.B, cfg.L)
-        if cfg.zipf_alpha is None:
-            ids = rng.integers(0, cfg.E, size=shape)
-        else:
-            ids = (rng.zipf(cfg.zipf_alpha, size=shape) - 1) % cfg.E
-        indices = torch.from_numpy(np.sort(ids, axis=-1).reshape(-1))
-        offsets = torch.arange(0, cfg.T * cfg.B * cfg.L + 1, cfg.L)
-        weights = torch.from_numpy(rng.standard_normal(indices.numel(), np.float32))
-        batches.append((indices, offsets, weights if cfg.weighted else None))
-    return batches
+def _workload_batches(workload: Workload, num_batches: int, device: torch.device, seed: int) -> list[InputBatch]:
+    return [InputBatch(*generate_batch(workload, seed + i, device)) for i in range(num_batches)]
 
 
 def generate_batches(
-    cfg: TBEConfig, num_batches: int, device: torch.device, seed: int = 0
+    cfg: BenchConfig, num_batches: int, device: torch.device, seed: int = 0
 ) -> tuple[list[InputBatch], str]:
     """``num_batches`` distinct requests for ``cfg`` on ``device``, and how they were drawn.
 
-    FBGEMM's own ``generate_requests`` is used when importable (so Zipf inputs match
-    FBGEMM's benchmark); otherwise numpy: uniform ids, or Zipf(alpha) - 1 mod E.
+    A ``Workload``: ``workloads.generate_batch`` with seeds seed, seed + 1, ... A
+    ``TBEConfig``: FBGEMM's own ``generate_requests`` when importable (so its inputs match
+    FBGEMM's benchmark); otherwise ``generate_batch`` of ``cfg.as_workload()``.
     """
+    workload_source = (f"tbe_plugin.workloads.generate_batch (seeds {seed}..{seed + num_batches - 1}; "
+                       "truncated Zipf(alpha_t) per table, hot rows scattered)")
+    if isinstance(cfg, Workload):
+        return _workload_batches(cfg, num_batches, device, seed), workload_source
     torch.manual_seed(seed)
     np.random.seed(seed)
     generate_requests = _fbgemm_generate_requests()
-    raw, source = None, "numpy (uniform, or zipf(alpha) - 1 mod E), ids sorted per bag"
+    raw, source = None, workload_source + " of the equivalent workload (fbgemm_gpu's generator not importable)"
     if generate_requests is not None:
         # FBGEMM logs (and silently falls back to uniform ids) when a Zipf draw is too
         # skewed to fill a bag with distinct ids: catch that warning and report it.
@@ -213,12 +255,12 @@ def generate_batches(
             source = "fbgemm_gpu.tbe.utils.requests.generate_requests"
             source += "".join(f" (fbgemm warned: {m})" for m in warnings.messages[:2])
         except Exception as error:  # e.g. an older signature: fall back, and say so
-            source += f" (fbgemm generator failed: {type(error).__name__}: {error})"
+            source = f"{workload_source} of the equivalent workload (fbgemm generator failed: {type(error).__name__}: {error})"
         finally:
             root.removeHandler(warnings)
             silence_fbgemm_logging()
     if raw is None:
-        raw = _batches_from_numpy(cfg, num_batches, seed)
+        return _workload_batches(cfg.as_workload(), num_batches, device, seed), source
     index_dtype = INDEX_DTYPES[cfg.index_dtype]
     batches = [
         InputBatch(
@@ -232,12 +274,13 @@ def generate_batches(
     return batches, source
 
 
-def per_table_inputs(cfg: TBEConfig, batch: InputBatch) -> list[tuple]:
+def per_table_inputs(cfg: BenchConfig, batch: InputBatch) -> list[tuple]:
     """Split a table-major request into per-table (indices, offsets, weights) for EmbeddingBag."""
-    bounds = batch.offsets[:: cfg.B].tolist()
+    B = cfg.batch_size
+    bounds = batch.offsets[::B].tolist()
     pieces = []
-    for t in range(cfg.T):
-        offsets = batch.offsets[t * cfg.B : (t + 1) * cfg.B + 1] - bounds[t]
+    for t in range(cfg.num_tables):
+        offsets = batch.offsets[t * B : (t + 1) * B + 1] - bounds[t]
         indices = batch.indices[bounds[t] : bounds[t + 1]]
         weights = batch.per_sample_weights
         pieces.append((indices, offsets, None if weights is None else weights[bounds[t] : bounds[t + 1]]))
@@ -260,39 +303,29 @@ def copy_tables_(destination: list[torch.Tensor], source: list[torch.Tensor]) ->
         dst.copy_(src)
 
 
-def forward_bytes(cfg: TBEConfig, batch: InputBatch, output_dtype=torch.float32) -> dict:
+def forward_bytes(cfg: BenchConfig, batch: InputBatch, output_dtype=torch.float32) -> dict:
     """Bytes one pooled forward must move, per ``FORWARD_BYTES_FORMULA``."""
-    bounds = batch.offsets[:: cfg.B].tolist()  # T+1 table boundaries into indices
-    lookups = [bounds[t + 1] - bounds[t] for t in range(cfg.T)]
-    weight_size = cfg.weight_dtype.itemsize
-    out_size = output_dtype.itemsize
+    bounds = batch.offsets[:: cfg.batch_size].tolist()  # T+1 table boundaries into indices
+    lookups = [bounds[t + 1] - bounds[t] for t in range(cfg.num_tables)]
+    rows = sum(n * d for n, d in zip(lookups, cfg.dims)) * cfg.weight_dtype.itemsize
+    output = cfg.batch_size * sum(cfg.dims) * output_dtype.itemsize
     parts = {
-        "rows": sum(n * d for n, d in zip(lookups, cfg.dims)) * weight_size,
+        "rows": rows,
         "indices": batch.indices.numel() * batch.indices.element_size(),
         "offsets": batch.offsets.numel() * batch.offsets.element_size(),
         "per_sample_weights": 0 if batch.per_sample_weights is None
         else batch.per_sample_weights.numel() * batch.per_sample_weights.element_size(),
-        "output": cfg.B * sum(cfg.dims) * out_size,
+        "output": output,
     }
-    fbgemm_formula = cfg.B * sum(cfg.dims) * (cfg.L * weight_size + out_size)
-    return {"total": sum(parts.values()), **parts, "fbgemm_formula_bytes": fbgemm_formula}
+    # FBGEMM's B*sum(D)*L*w is ``rows`` itself when every bag holds L ids.
+    return {"total": sum(parts.values()), **parts, "fbgemm_formula_bytes": rows + output}
 
 
-@torch.no_grad()
-def distinct_rows_per_table(cfg: TBEConfig, batch: InputBatch) -> list[int]:
-    """How many distinct rows of each table the request reads (repeated ids count once)."""
-    bounds = batch.offsets[:: cfg.B]
-    lookups_per_table = (bounds[1:] - bounds[:-1]).to(torch.int64)
-    tables = torch.arange(cfg.T, device=batch.indices.device)
-    table_of_lookup = torch.repeat_interleave(tables, lookups_per_table)
-    rows = batch.indices.to(torch.int64) + table_of_lookup * cfg.E
-    return torch.bincount(torch.unique(rows) // cfg.E, minlength=cfg.T).tolist()
-
-
-def distinct_row_fraction(cfg: TBEConfig, batch: InputBatch) -> float:
-    """Distinct (table, row) pairs / lookups: near 1 for uniform ids over big tables,
-    low for hot rows, which the cache serves though the byte count includes them."""
-    return sum(distinct_rows_per_table(cfg, batch)) / max(batch.indices.numel(), 1)
+def batch_skew(cfg: BenchConfig, batch: InputBatch) -> dict:
+    """``workloads.skew_stats`` of one request: distinct-row fraction (near 1 for uniform
+    ids over big tables, low for hot rows, which the cache serves though the byte count
+    includes them), hot-1% share, longest run, distinct rows per table."""
+    return skew_stats(cfg, batch.indices, batch.offsets)
 
 
 def synchronize(device: torch.device) -> None:
@@ -396,9 +429,9 @@ def outputs_match(diff: float, reference: torch.Tensor, weights_precision: str) 
 
 
 def collect_environment(device: torch.device) -> dict:
-    """Versions and device, recorded in every report header."""
+    """Versions, device, commit and dirty flag, recorded in every report header."""
     env = {"python": platform.python_version(), "torch": torch.__version__,
-           "device": str(device), "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}
+           "device": str(device), "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"), **git_state()}
     try:
         import triton
 
@@ -421,51 +454,10 @@ def collect_environment(device: torch.device) -> dict:
     return env
 
 
-def geomean(values: list[float]) -> float | None:
-    finite = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
-    return math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else None
-
-
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def write_report(out_dir: str | Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
-    """Write ``out_dir/stem.json`` and ``out_dir/stem.md``; return both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
-    json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    md_path.write_text(markdown + "\n")
-    return json_path, md_path
-
-
-def report_header(title: str, report: dict) -> list[str]:
-    """The markdown lines every benchmark report starts with: title, device and versions,
-    copy bandwidth, method, and where each config's inputs came from."""
-    env, copy_bw = report["environment"], report["copy_bandwidth"]
-    sources: dict[str, list[str]] = {}
-    for entry in report["configs"]:
-        sources.setdefault(entry["input_source"], []).append(entry["name"])
-    return [
-        title,
-        "",
-        f"- device: {env['device_name']} ({env['device']}, cuda {env.get('cuda', 'n/a')}); "
-        f"torch {env['torch']}, triton {env['triton']}, fbgemm_gpu {env['fbgemm_gpu']}, "
-        f"python {env['python']}, TRITON_INTERPRET={env['triton_interpret']}",
-        f"- copy bandwidth: {copy_bw['tbps']:.3f} TB/s (device-to-device copy_ of "
-        f"{copy_bw['bytes_per_copy'] / 2 / 2**30:.3g} GiB, read + write counted)",
-        f"- method: {report['method']}",
-        *(f"- inputs ({', '.join(names)}): {source}" for source, names in sources.items()),
-    ]
-
-
 def add_run_arguments(parser, stem: str, iters_help: str) -> None:
     """The options every benchmark takes (its own ones are added by the caller)."""
     parser.add_argument("--smoke", action="store_true", help="tiny configs; runs on CPU")
-    parser.add_argument("--configs", default=None, help="comma-separated config names")
+    parser.add_argument("--configs", default=None, help="comma-separated config names (of --suite)")
     parser.add_argument("--iters", type=int, default=None, help=iters_help)
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per provider")
     parser.add_argument("--batches", type=int, default=None, help="distinct requests cycled")

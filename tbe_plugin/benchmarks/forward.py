@@ -1,52 +1,35 @@
 """Pooled-forward A/B benchmark: our Triton TBE vs FBGEMM vs torch.nn.EmbeddingBag.
 
-Run from the repo root: ``python -m tbe_plugin.benchmarks.forward [--smoke] [--configs a,b]
-[--self-check] [--out DIR]``. Writes DIR/forward.json and DIR/forward.md and prints the
-markdown. Every provider reads identical weights (FBGEMM's, filled from a fixed seed and
-copied into ours via ``split_embedding_weights()``) and identical requests; each config
-first checks ours against FBGEMM's output, then times all providers alternately.
-Shared machinery (configs, inputs, timing, bytes, reports) lives in ``common``.
+Run from the repo root: ``python -m tbe_plugin.benchmarks.forward [--smoke] [--suite S]
+[--configs a,b] [--self-check] [--out DIR]``. Writes DIR/forward.json and DIR/forward.md and
+prints the markdown. Every provider reads identical weights (FBGEMM's, filled from a fixed
+seed and copied into ours via ``split_embedding_weights()``) and identical requests; each
+config first checks ours against FBGEMM's output, then times all providers alternately.
+The configs (``suite``) are ``TBEConfig``s with FBGEMM-generated inputs and production-shaped
+``Workload``s; shared machinery (inputs, timing, bytes, reports) lives in ``common``.
 """
 
 import argparse
 import dataclasses
 import sys
+import time
 from collections.abc import Callable
 
 import torch
 
 from tbe_plugin.benchmarks.common import (
-    FORWARD_BYTES_FORMULA, InputBatch, TBEConfig, collect_environment, copy_tables_, describe_config,
-    distinct_row_fraction, fbgemm_api, fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches,
-    geomean, markdown_table, max_abs_diff, measure_copy_bandwidth, outputs_match, per_table_inputs,
-    add_run_arguments, benchmark_device, fill_defaults, report_header, silence_fbgemm_logging, summarize_ms, time_alternating, write_report,
+    FORWARD_BYTES_FORMULA, SKEW_LEGEND, BenchConfig, InputBatch, add_run_arguments, batch_skew, benchmark_device,
+    collect_environment, config_record, copy_tables_, fbgemm_api, fill_defaults, fill_tables_uniform_,
+    forward_bytes, free_device_memory, generate_batches, geomeans, markdown_table, max_abs_diff,
+    measure_copy_bandwidth, outputs_match, per_table_inputs, production_names, report_header,
+    silence_fbgemm_logging, skew_cells, summarize_ms, time_alternating, write_report,
+)
+from tbe_plugin.benchmarks.suite import (  # noqa: F401  (SMOKE/DEVICE_CONFIGS: the tests' and callers' names)
+    DEVICE_CONFIGS, SMOKE_CONFIGS, add_suite_argument, device_bytes_needed, is_production, memory_shortfall,
+    select_configs,
 )
 
-_SMOKE = dict(T=3, B=4, L=3, E=50)
-SMOKE_CONFIGS = [
-    TBEConfig("smoke-sum", **_SMOKE, D=8),
-    TBEConfig("smoke-mixed-d", **_SMOKE, D=(8, 12)),
-    TBEConfig("smoke-weighted", **_SMOKE, D=12, weighted=True),
-    TBEConfig("smoke-mean", **_SMOKE, D=12, pooling="mean"),
-    TBEConfig("smoke-zipf", **_SMOKE, D=8, zipf_alpha=1.15),
-    TBEConfig("smoke-fp16", **_SMOKE, D=8, weights_precision="fp16"),
-    TBEConfig("smoke-bf16", **_SMOKE, D=12, weights_precision="bf16"),
-]
-
-_SUITE = dict(T=32, B=8192, L=20, E=1_000_000, D=128)
-DEVICE_CONFIGS = [
-    TBEConfig("fbgemm-standard", T=32, B=512, L=20, E=100_000, D=128),
-    TBEConfig("b8192", **_SUITE),
-    TBEConfig("b65536", **_SUITE | dict(B=65536)),
-    TBEConfig("fp16", **_SUITE, weights_precision="fp16"),
-    TBEConfig("bf16", **_SUITE, weights_precision="bf16"),
-    TBEConfig("zipf1.15", **_SUITE, zipf_alpha=1.15),
-    TBEConfig("mixed-d", **_SUITE | dict(D=(32, 64, 96, 128, 160, 192, 224, 256))),
-    TBEConfig("weighted", **_SUITE, weighted=True),
-    TBEConfig("mean", **_SUITE, pooling="mean"),
-    TBEConfig("l1", **_SUITE | dict(B=65536, L=1)),
-    TBEConfig("l100", **_SUITE | dict(L=100)),
-]
+ROWWISE_STATE_BYTES = 4  # the benchmark's modules use rowwise Adagrad: one fp32 per row
 
 OURS, FBGEMM, TORCH = "ours", "fbgemm", "torch"
 TWIN = "-twin"  # suffix of the second, identical module in --self-check
@@ -61,20 +44,20 @@ class Provider:
     tables: list[torch.Tensor]
 
 
-def tbe_module_kwargs(cfg: TBEConfig, device: torch.device) -> dict:
+def tbe_module_kwargs(cfg: BenchConfig, device: torch.device) -> dict:
     """The constructor arguments given to FBGEMM's module and, unchanged, to ours."""
     api = fbgemm_api()
     on_cpu = device.type == "cpu"
     location = api.EmbeddingLocation.HOST if on_cpu else api.EmbeddingLocation.DEVICE
     compute = api.ComputeDevice.CPU if on_cpu else api.ComputeDevice.CUDA
     return dict(
-        embedding_specs=[(cfg.E, d, location, compute) for d in cfg.dims],
+        embedding_specs=[(rows, d, location, compute) for rows, d in zip(cfg.rows, cfg.dims)],
         feature_table_map=None,
         optimizer=api.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=0.01,
         weights_precision=api.SparseType(cfg.weights_precision),
         output_dtype=api.SparseType.FP32,
-        pooling_mode=api.PoolingMode.SUM if cfg.pooling == "sum" else api.PoolingMode.MEAN,
+        pooling_mode=api.PoolingMode.SUM if cfg.pooling_mode == "sum" else api.PoolingMode.MEAN,
         bounds_check_mode=api.BoundsCheckMode.WARNING,
         device=device,
     )
@@ -87,20 +70,20 @@ def _module_provider(name: str, module: torch.nn.Module) -> Provider:
     return Provider(name, forward, list(module.split_embedding_weights()))
 
 
-def build_fbgemm(name: str, cfg: TBEConfig, device: torch.device) -> Provider:
+def build_fbgemm(name: str, cfg: BenchConfig, device: torch.device) -> Provider:
     module = fbgemm_api().SplitTableBatchedEmbeddingBagsCodegen(**tbe_module_kwargs(cfg, device))
     return _module_provider(name, module)
 
 
-def build_ours(name: str, cfg: TBEConfig, device: torch.device) -> Provider:
+def build_ours(name: str, cfg: BenchConfig, device: torch.device) -> Provider:
     from tbe_plugin import TritonTableBatchedEmbeddingBags  # written alongside: import late
 
     return _module_provider(name, TritonTableBatchedEmbeddingBags(**tbe_module_kwargs(cfg, device)))
 
 
-def build_torch(cfg: TBEConfig, tables: list[torch.Tensor], batches: list[InputBatch]) -> Provider:
+def build_torch(cfg: BenchConfig, tables: list[torch.Tensor], batches: list[InputBatch]) -> Provider:
     """One torch.nn.EmbeddingBag per table, sharing ``tables``' storage; outputs concatenated."""
-    bags = [torch.nn.EmbeddingBag.from_pretrained(table, freeze=False, mode=cfg.pooling,
+    bags = [torch.nn.EmbeddingBag.from_pretrained(table, freeze=False, mode=cfg.pooling_mode,
                                                   include_last_offset=True) for table in tables]
     # Per-table slicing reads offsets on the host: do it once per batch, outside the timing.
     plans = {id(batch): per_table_inputs(cfg, batch) for batch in batches}
@@ -117,24 +100,26 @@ def build_torch(cfg: TBEConfig, tables: list[torch.Tensor], batches: list[InputB
 
 
 @torch.no_grad()
-def fp32_reference(cfg: TBEConfig, tables: list[torch.Tensor], batch: InputBatch) -> torch.Tensor:
+def fp32_reference(cfg: BenchConfig, tables: list[torch.Tensor], batch: InputBatch) -> torch.Tensor:
     """Pooled output from fp32 copies of the tables (one table upcast at a time)."""
     outputs = []
     for table, (indices, offsets, weights) in zip(tables, per_table_inputs(cfg, batch)):
         outputs.append(torch.nn.functional.embedding_bag(
-            indices, table.float(), offsets, mode=cfg.pooling, per_sample_weights=weights,
+            indices, table.float(), offsets, mode=cfg.pooling_mode, per_sample_weights=weights,
             include_last_offset=True))
     return torch.cat(outputs, dim=1)
 
 
+def _builders(self_check: bool) -> list[tuple[str, Callable]]:
+    if self_check:
+        return [(FBGEMM, build_fbgemm), (FBGEMM + TWIN, build_fbgemm), (OURS, build_ours), (OURS + TWIN, build_ours)]
+    return [(FBGEMM, build_fbgemm), (OURS, build_ours)]
+
+
 def _build_providers(cfg, device, batches, self_check) -> tuple[dict[str, Provider], dict]:
     """Build every provider that this stack supports; unsupported ones get a reason."""
-    builders = [(FBGEMM, build_fbgemm), (OURS, build_ours)]
-    if self_check:
-        builders = [(FBGEMM, build_fbgemm), (FBGEMM + TWIN, build_fbgemm),
-                    (OURS, build_ours), (OURS + TWIN, build_ours)]
     providers, unavailable = {}, {}
-    for name, build in builders:
+    for name, build in _builders(self_check):
         try:
             providers[name] = build(name, cfg, device)
         except Exception as error:
@@ -177,7 +162,21 @@ def _check_outputs(cfg, providers, unavailable, batch) -> tuple[dict, str]:
     return checks, reference_name
 
 
-def run_config(cfg: TBEConfig, args, device: torch.device, copy_tbps: float) -> dict:
+def skipped_entry(cfg: BenchConfig, names: list[str], reason: str) -> dict:
+    """The report entry of a config that did not run, every provider n/a for ``reason``."""
+    return {"name": cfg.name, "config": config_record(cfg), "shape": cfg.describe(),
+            "production": is_production(cfg), "input_source": "not generated", "skipped": reason,
+            "skew": None, "bytes": None, "reference": "none", "ratios": {},
+            "providers": {name: {"status": "n/a", "reason": reason} for name in names}}
+
+
+def run_config(cfg: BenchConfig, args, device: torch.device, copy_tbps: float) -> dict:
+    names = [name for name, _ in _builders(args.self_check)] + ([] if args.self_check else [TORCH])
+    needed = device_bytes_needed(cfg, args.batches, [ROWWISE_STATE_BYTES] * cfg.num_tables,
+                                 providers=len(_builders(args.self_check)))  # torch shares FBGEMM's tables
+    shortfall = memory_shortfall(device, needed)
+    if shortfall is not None:
+        return skipped_entry(cfg, names, shortfall)
     batches, input_source = generate_batches(cfg, args.batches, device, seed=args.seed)
     providers, unavailable = _build_providers(cfg, device, batches, args.self_check)
     checks, reference_name = _check_outputs(cfg, providers, unavailable, batches[0])
@@ -199,12 +198,12 @@ def run_config(cfg: TBEConfig, args, device: torch.device, copy_tbps: float) -> 
     for slow, fast in ratio_pairs(args.self_check):
         if results.get(slow, {}).get("status") == "ok" and results.get(fast, {}).get("status") == "ok":
             ratios[f"{slow}/{fast}"] = results[slow]["median_ms"] / results[fast]["median_ms"]
-    distinct = distinct_row_fraction(cfg, batches[0])
+    skew = batch_skew(cfg, batches[0])
     del providers, calls, batches
     free_device_memory()
-    return {"name": cfg.name, "config": cfg.as_dict(), "input_source": input_source,
-            "distinct_row_fraction": distinct, "bytes": moved, "reference": reference_name,
-            "providers": results, "ratios": ratios}
+    return {"name": cfg.name, "config": config_record(cfg), "shape": cfg.describe(),
+            "production": is_production(cfg), "input_source": input_source, "skew": skew,
+            "bytes": moved, "reference": reference_name, "providers": results, "ratios": ratios}
 
 
 def ratio_pairs(self_check: bool) -> list[tuple[str, str]]:
@@ -222,18 +221,17 @@ def render_markdown(report: dict) -> str:
         f"- bytes: {FORWARD_BYTES_FORMULA}",
         f"- ratio a/b = median ms of a / median ms of b: > 1 means b is faster. "
         f"max |diff| is against `{FBGEMM}` (or an fp32 torch reference where FBGEMM is n/a).",
-        "- distinct rows = distinct (table, row) pairs / lookups in one request. Repeated rows "
-        "are counted in the bytes at every lookup but mostly come from L2, so hot-row inputs "
-        "(Zipf) can exceed 100% of copy bandwidth.",
+        f"- {SKEW_LEGEND} Repeated rows are counted in the bytes at every lookup but mostly "
+        "come from L2, so hot-row inputs can exceed 100% of copy bandwidth.",
         "",
     ]
-    columns = ["config", "shape", "distinct rows"] + [f"{n} ms" for n in names] + \
+    columns = ["config", "shape", "distinct", "hot1%"] + [f"{n} ms" for n in names] + \
         [f"{n} TB/s (% copy)" for n in names] + pairs + [f"max abs diff ({n})" for n in names if n != FBGEMM]
     rows = []
     for entry in report["configs"]:
         res = entry["providers"]
         ok = {n: res.get(n, {}).get("status") == "ok" for n in names}
-        row = [entry["name"], describe_config(entry["config"]), f"{entry['distinct_row_fraction']:.0%}"]
+        row = [entry["name"], entry["shape"], *skew_cells(entry["skew"])]
         row += [f"{res[n]['median_ms']:.4g}" if ok[n] else "n/a" for n in names]
         row += [f"{res[n]['tbps']:.3g} ({res[n]['pct_copy_bw']:.3g}%)" if ok[n] else "n/a" for n in names]
         row += [f"{entry['ratios'][p]:.3f}" if p in entry["ratios"] else "n/a" for p in pairs]
@@ -247,10 +245,11 @@ def render_markdown(report: dict) -> str:
                 vs = "" if entry["reference"] == FBGEMM else f" vs {entry['reference']}"
                 row.append(f"{res[n]['max_abs_diff']:.2e}{vs}{flag}")
         rows.append(row)
-    leading = 3 + 2 * len(names)
-    rows.append(["geomean"] + [""] * (leading - 1) +
-                [f"{report['geomean'][p]:.3f}" if report["geomean"].get(p) else "n/a" for p in pairs] +
-                [""] * (len(columns) - leading - len(pairs)))
+    leading = 4 + 2 * len(names)
+    for label, means in (("geomean", report["geomean"]),
+                         (f"geomean (production: {production_names(report['configs'])})", report["geomean_production"])):
+        rows.append([label] + [""] * (leading - 1) + [f"{means[p]:.3f}" if means.get(p) else "n/a" for p in pairs] +
+                    [""] * (len(columns) - leading - len(pairs)))
     spread = [[e["name"], n, *(f"{e['providers'][n][k]:.4g}" for k in ("p10_ms", "median_ms", "p90_ms"))]
               for e in report["configs"] for n in names if e["providers"].get(n, {}).get("status") == "ok"]
     unavailable = [f"- {e['name']} / {n}: {r['reason']}" for e in report["configs"]
@@ -267,24 +266,13 @@ def render_markdown(report: dict) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser, "forward", "timed rounds (default 50, smoke 5)")
+    add_suite_argument(parser)
     parser.add_argument("--self-check", action="store_true",
                         help="time FBGEMM vs an identical FBGEMM and ours vs ours")
     args = parser.parse_args(argv)
     fill_defaults(args, smoke=dict(iters=5, warmup=1, batches=2, copy_gib=1 / 16),
                   device=dict(iters=50, warmup=5, batches=4, copy_gib=2.0))
     return args
-
-
-def select_configs(args) -> list[TBEConfig]:
-    available = SMOKE_CONFIGS if args.smoke else DEVICE_CONFIGS
-    if args.configs is None:
-        return available
-    by_name = {cfg.name: cfg for cfg in available}
-    wanted = [name.strip() for name in args.configs.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in by_name]
-    if unknown:
-        raise SystemExit(f"unknown config(s) {unknown}; choose from {sorted(by_name)}")
-    return [by_name[name] for name in wanted]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -310,9 +298,12 @@ def main(argv: list[str] | None = None) -> dict:
     }
     for cfg in configs:
         print(f"[forward] {cfg.name} ...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
         report["configs"].append(run_config(cfg, args, device, copy_bw["tbps"]))
-    report["geomean"] = {f"{a}/{b}": geomean([e["ratios"].get(f"{a}/{b}") for e in report["configs"]])
-                         for a, b in report["ratio_pairs"]}
+        report["configs"][-1]["elapsed_s"] = time.perf_counter() - began
+    pairs = [f"{a}/{b}" for a, b in report["ratio_pairs"]]
+    report["geomean"] = geomeans(report["configs"], pairs)
+    report["geomean_production"] = geomeans(report["configs"], pairs, production_only=True)
     report["mismatches"] = [f"{e['name']}/{n}" for e in report["configs"]
                             for n, r in e["providers"].items() if r.get("matches") is False]
     if report["mismatches"]:

@@ -4,8 +4,10 @@ Runs ``python -m tbe_plugin.benchmarks.backward --smoke`` in a fresh subprocess 
 TRITON_INTERPRET is set before triton is first imported) and checks the reports: every
 config, optimizer, mode and provider present, and ours matching FBGEMM's updated weights
 and optimizer states wherever FBGEMM's CPU TBE runs (a torch fp32 reference elsewhere).
-Times are recorded, never asserted. Also checks the backward byte count and the
-untimed-setup variant of ``common.time_alternating`` directly.
+The smoke configs include a production-shaped ``Workload`` (Poisson bags, mixed rows and
+D, int32 ids), counted in the production geomean. Times are recorded, never asserted. Also
+checks the backward byte count, the memory skip and the untimed-setup variant of
+``common.time_alternating`` directly.
 """
 
 import json
@@ -18,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tbe_plugin.benchmarks import backward
 from tbe_plugin.benchmarks.backward import (
     MODES, OPTIMIZERS, REFERENCE_CONFIG, SORT_BYTES_PER_LOOKUP, SUITE_OPTIMIZER, backward_bytes,
 )
 from tbe_plugin.benchmarks.common import InputBatch, TBEConfig, time_alternating
-from tbe_plugin.benchmarks.forward import SMOKE_CONFIGS
+from tbe_plugin.benchmarks.suite import SMOKE_CONFIGS, SMOKE_PRODUCTION
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROVIDERS = ["ours", "fbgemm"]
@@ -64,9 +67,20 @@ def test_every_config_optimizer_mode_and_provider_is_reported(smoke_run):
                 assert all(math.isfinite(stats[k]) for k in ("median_ms", "p10_ms", "p90_ms", "tbps"))
         assert entry["bytes"]["bwd"]["total"] > 0 and entry["bytes"]["fwd"]["total"] > 0
     assert report["copy_bandwidth"]["tbps"] > 0
-    assert set(report["geomean"]) == set(MODES)
+    assert set(report["geomean"]) == set(report["geomean_production"]) == set(MODES)
+    production = [e for e in report["entries"] if e["production"]]
+    assert [e["name"] for e in production] == [cfg.name for cfg in SMOKE_PRODUCTION]
     for mode in MODES:
+        assert report["geomean_production"][mode] == pytest.approx(production[0]["ratios"][mode])
         assert f"## {mode}\n" in markdown
+    assert markdown.count("| geomean (production: smoke-ctr) |") == len(MODES)
+    assert markdown.count("| distinct | hot1% |") == len(MODES)
+    for entry in report["entries"]:
+        assert 0 < entry["skew"]["distinct_fraction"] <= 1 and len(entry["skew"]["distinct_per_table"]) == len(
+            entry["config"]["rows"])
+        assert entry["bytes"]["bwd"]["distinct_rows"] == sum(entry["skew"]["distinct_per_table"])
+    assert all(c["elapsed_s"] > 0 for c in report["configs"])
+    assert f"- commit: {report['environment']['git_commit']} (tree " in markdown
     for name, optimizer in expected_entries():
         assert f"| {name} | {optimizer} |" in markdown
     for name in PROVIDERS:
@@ -106,6 +120,21 @@ def test_backward_bytes_counts_distinct_rows_and_state():
     assert moved["indices"] == 12 * 8 + 7 * 8 + 12 * 4
     assert moved["sort"] == 12 * SORT_BYTES_PER_LOOKUP
     assert moved["total"] == sum(moved[k] for k in ("grad_output", "rows", "optimizer_state", "indices", "sort"))
+
+
+def test_a_config_that_does_not_fit_is_skipped_for_every_optimizer(tmp_path, monkeypatch):
+    needs = []
+    monkeypatch.setattr(backward, "memory_shortfall", lambda device, needed: needs.append(needed) or "skipped: test")
+    report = backward.main(["--smoke", "--configs", "smoke-ctr", "--optimizers", "exact_sgd,adam",
+                            "--copy-gib", "0.001", "--out", str(tmp_path)])
+    assert [(e["name"], e["optimizer"], e["skipped"]) for e in report["entries"]] == [
+        ("smoke-ctr", "EXACT_SGD", "skipped: test"), ("smoke-ctr", "ADAM", "skipped: test")]
+    assert report["geomean"] == {mode: None for mode in MODES}
+    sgd_only = backward.memory_check(SMOKE_PRODUCTION[0], ["EXACT_SGD"], backward.parse_args(["--smoke"]),
+                                     torch.device("cpu"))
+    assert sgd_only == "skipped: test" and needs[-1] < needs[0]  # the check sized for Adam's two moments
+    markdown = (tmp_path / "backward.md").read_text()
+    assert "- smoke-ctr / ADAM / ours: skipped: test" in markdown
 
 
 def test_time_alternating_passes_the_untimed_setup_result():

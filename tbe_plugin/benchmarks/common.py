@@ -31,11 +31,10 @@ from tbe_plugin.benchmarks.report import (  # noqa: F401
     SKEW_LEGEND, geomean, geomeans, git_state, markdown_table, production_names, report_header, skew_cells,
     write_report,
 )
-from tbe_plugin.workloads import TableWorkload, Workload, generate_batch, skew_stats
+from tbe_plugin.workloads import (  # noqa: F401  (the dtype tables: one home, re-exported)
+    INDEX_DTYPES, POOLING_MODES, WEIGHT_DTYPES, TableWorkload, Workload, generate_batch, skew_stats,
+)
 
-WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
-POOLING_MODES = ("sum", "mean")
 
 # A provider's output "matches" the reference when max|diff| <= REL_TOLERANCE * max|ref|
 # + ABS_TOLERANCE. Both sides read identical weights, so only the summation order (and,

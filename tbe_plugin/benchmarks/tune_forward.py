@@ -3,8 +3,10 @@
 ``python -m tbe_plugin.benchmarks.tune_forward --out DIR`` times every candidate
 (BAGS, BLOCK_L, BLOCK_D, num_warps) on a few representative shapes and writes
 DIR/tune_forward.json with the best candidate per shape beside what the current
-heuristic (``pooled_launch_config``) picks. The results feed that heuristic by hand;
-nothing reads them at run time. Outputs are checked against the heuristic's output.
+heuristic (``pooled_launch_config``) picks, and the commit, device and versions measured.
+The results feed that heuristic by hand; nothing reads them at run time. Outputs are
+checked against the heuristic's output. Inputs come from ``tbe_plugin.workloads``: every
+bag L ids, ids uniform or truncated Zipf(1.15) with the hot rows scattered.
 """
 
 import argparse
@@ -17,19 +19,22 @@ import torch
 import triton
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.benchmarks.common import collect_environment
 from tbe_plugin.ops.embedding_forward import _work_items, forward_into, pooled_launch_config
+from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
-# name -> (T, B, L, dims, weights dtype, zipf)
+ZIPF_ALPHA = 1.15
+# name -> (T, B, L, dims, weights dtype, Zipf alpha of the ids; 0 = uniform)
 SHAPES = {
-    "L20-D128-fp32": (32, 8192, 20, [128], torch.float32, False),
-    "L20-D128-fp16": (32, 8192, 20, [128], torch.float16, False),
-    "L20-D128-zipf": (32, 8192, 20, [128], torch.float32, True),
-    "L20-D256-fp16": (32, 8192, 20, [256], torch.float16, False),
-    "L20-mixedD": (32, 8192, 20, [32, 64, 96, 128, 160, 192, 224, 256], torch.float32, False),
-    "L1-D128": (32, 65536, 1, [128], torch.float32, False),
-    "L100-D128": (32, 8192, 100, [128], torch.float32, False),
-    "L20-B512": (32, 512, 20, [128], torch.float32, False),
-    "L4-D64": (32, 16384, 4, [64], torch.float32, False),
+    "L20-D128-fp32": (32, 8192, 20, [128], torch.float32, 0.0),
+    "L20-D128-fp16": (32, 8192, 20, [128], torch.float16, 0.0),
+    "L20-D128-zipf": (32, 8192, 20, [128], torch.float32, ZIPF_ALPHA),
+    "L20-D256-fp16": (32, 8192, 20, [256], torch.float16, 0.0),
+    "L20-mixedD": (32, 8192, 20, [32, 64, 96, 128, 160, 192, 224, 256], torch.float32, 0.0),
+    "L1-D128": (32, 65536, 1, [128], torch.float32, 0.0),
+    "L100-D128": (32, 8192, 100, [128], torch.float32, 0.0),
+    "L20-B512": (32, 512, 20, [128], torch.float32, 0.0),
+    "L4-D64": (32, 16384, 4, [64], torch.float32, 0.0),
 }
 
 
@@ -49,15 +54,11 @@ def candidates(L: int, max_dim: int, elem: int):
         yield bags, block_l, block_d, 1, stages
 
 
-def make_inputs(T, B, L, E, zipf, device):
-    if zipf:
-        ranks = torch.empty(T * B * L, device=device).exponential_(1.0 / (1.15 - 1.0))
-        ids = (torch.exp(ranks).long() - 1) % E
-        ids = torch.randperm(E, device=device)[ids]
-    else:
-        ids = torch.randint(0, E, (T * B * L,), device=device)
-    offsets = torch.arange(0, T * B * L + 1, L, device=device)
-    return ids, offsets
+def make_inputs(B, L, E, dims, alpha, device):
+    """One batch of the project's generator: every bag L ids, ids Zipf(alpha) over E rows."""
+    tables = tuple(TableWorkload(rows=E, dim=d, mean_pooling=L, pooling="fixed", alpha=alpha) for d in dims)
+    indices, offsets, _ = generate_batch(Workload("tune", tables, B), seed=0, device=device)
+    return indices, offsets
 
 
 def time_ms(fn, iters=30):
@@ -65,13 +66,13 @@ def time_ms(fn, iters=30):
 
 
 def tune_shape(name, spec, E, budget):
-    T, B, L, dims_cycle, dtype, zipf = spec
+    T, B, L, dims_cycle, dtype, alpha = spec
     dims = [dims_cycle[t % len(dims_cycle)] for t in range(T)]
     names = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16"}
     emb = TritonTableBatchedEmbeddingBags([(E, d) for d in dims], weights_precision=names[dtype],
                                           bounds_check_mode="WARNING", device="cuda")  # fmt: skip
     emb.init_embedding_weights_uniform(-1, 1)
-    indices, offsets = make_inputs(T, B, L, E, zipf, "cuda")
+    indices, offsets = make_inputs(B, L, E, dims, alpha, "cuda")
     out = torch.empty(B, sum(dims), device="cuda")
     elem = emb.weights.element_size()
     reference = emb(indices, offsets)
@@ -113,13 +114,14 @@ def main():
     parser.add_argument("--budget", type=int, default=400, help="max candidates per shape")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    report = []
+    report = {"environment": collect_environment(torch.device("cuda")), "rows": args.rows,
+              "inputs": "tbe_plugin.workloads.generate_batch, seed 0, fixed L, Zipf alpha per shape", "shapes": []}
     for name in args.shapes.split(","):
         entry = tune_shape(name, SHAPES[name], args.rows, args.budget)
         best = entry["best"][0] if entry["best"] else None
         print(f"{name}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms; "
               f"best {best}", flush=True)  # fmt: skip
-        report.append(entry)
+        report["shapes"].append(entry)
         with open(os.path.join(args.out, "tune_forward.json"), "w") as f:
             json.dump(report, f, indent=1)
 

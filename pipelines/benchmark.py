@@ -32,6 +32,9 @@ import itertools
 import json
 import logging
 import os
+import shlex
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -302,13 +305,13 @@ def stream_summary(trace_path: str) -> Dict[str, Any]:
     return {"busy_ms_per_stream": busy, "overlap_ms": overlap / 1e3, "window_ms": window}
 
 
-def profile_steps(runner, batches: List[Any], steps: int, device: torch.device):
-    """The profiler over ``steps`` progress calls, after 3 that warm the pipeline up again
-    (CPU ops; and CUDA kernels on a GPU)."""
+def profile_steps(runner, batches: List[Any], steps: int, device: torch.device, warmup: int = 3):
+    """The profiler over ``steps`` progress calls, after ``warmup`` that fill the pipeline
+    again (CPU ops; and CUDA kernels on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     iterator = itertools.cycle(batches)
-    for _ in range(3):
+    for _ in range(warmup):
         runner.progress(iterator)
     _synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -347,7 +350,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     rank, world_size, device = _init_distributed()
     results: Dict[str, Any] = {"world_size": world_size, "batch_size_per_rank": args.batch_size, "rows": args.rows,
                                "dim": args.dim, "zipf": args.zipf, "steps": args.steps, "warmup": args.warmup,
-                               "versions": versions(device), "runs": {}}  # fmt: skip
+                               "versions": versions(device), "runs": {},
+                               "provenance": provenance(["-m", "pipelines.benchmark", *args.argv])}  # fmt: skip
     try:
         for balance in args.balances.split(","):
             batches = None
@@ -399,6 +403,36 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     return results
 
 
+def provenance(argv: List[str]) -> Dict[str, Any]:
+    """The commit measured and whether the tree differed from it (``git``; where the tree
+    has no repository, as on the device, ``TBE_PLUGIN_COMMIT`` and ``TBE_PLUGIN_DIRTY``
+    as the caller set them from its checkout), and the command line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*command: str) -> Optional[str]:
+        try:
+            done = subprocess.run(["git", *command], cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
+    if commit is None or status is None:
+        commit = os.environ.get("TBE_PLUGIN_COMMIT", "unknown (no git repository here; set TBE_PLUGIN_COMMIT)")
+        dirty: Any = {"1": True, "0": False}.get(os.environ.get("TBE_PLUGIN_DIRTY", ""), "unknown")
+        changed: List[str] = []
+    else:
+        changed = [line[3:] for line in status.splitlines()]
+        dirty = bool(changed)
+    return {"commit": commit.strip(), "dirty": dirty, "changed_files": changed,
+            "command": shlex.join([os.path.basename(sys.executable), *argv])}  # fmt: skip
+
+
+def commit_line(provenance: Dict[str, Any]) -> str:
+    dirty = {True: " (dirty tree)", False: ""}.get(provenance["dirty"], " (tree state unknown)")
+    return f"Commit {provenance['commit']}{dirty}."
+
+
 def versions(device: torch.device) -> Dict[str, str]:
     """The benchmarks' environment record, with TorchRec's version."""
     from tbe_plugin.benchmarks.common import collect_environment
@@ -444,7 +478,7 @@ def report(results: Dict[str, Any]) -> str:
              f"B={results['batch_size_per_rank']} per rank, {results['rows']} rows per table per rank, "
              f"D={results['dim']}, Zipf({results['zipf']}) ids, fp32, "
              f"rowwise Adagrad (fused) + dense Adagrad; ms per step = wall time of {results['steps']} steps after "
-             f"{results['warmup']}, synchronized at both ends.", "",
+             f"{results['warmup']}, synchronized at both ends. {commit_line(results['provenance'])}", "",
              "| balance | backend | " + " | ".join(modes) + " | max(sparse, dense) | stale1 / bound | "
              "sparsedist / stale1 | concurrent / (sparse + dense) | examples/s stale1 |",
              "|---" * (len(modes) + 7) + "|"]  # fmt: skip
@@ -520,6 +554,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--scaling", nargs="+", metavar="JSON", help="only report weak scaling from these results")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.scaling:
         print(scaling_report(args.scaling), end="")
         return

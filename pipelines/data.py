@@ -132,7 +132,7 @@ class WorkloadClickLog:
     def _row_scores(self, tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """A fixed pseudo-random score per (table, row), uniform with variance 1."""
         hashed = (rows * _ROW_HASH + (tables + 1) * 40503 + self.data.seed * 97).remainder_(2**32)
-        return (hashed.double() / 2**32 * 2 - 1).float() * 3**0.5
+        return (hashed.double() / 2**32 * 2 - 1) * 3**0.5
 
     def batch(self, index: int):
         from torchrec import KeyedJaggedTensor
@@ -145,10 +145,11 @@ class WorkloadClickLog:
         g = torch.Generator(device=self.device).manual_seed(int(dense_seed))
         dense = torch.randn(B, self.dense_in, generator=g, device=self.device)
         table_of_id = torch.arange(T, device=self.device).repeat_interleave(lengths.view(T, B).sum(1))
-        bag_of_id = torch.arange(T * B, device=self.device).repeat_interleave(lengths)
-        bag_means = torch.zeros(T * B, device=self.device).index_add_(0, bag_of_id, self._row_scores(table_of_id, ids))
-        bag_means /= lengths.clamp(min=1)
-        score = dense @ self._dense_weights + bag_means.view(T, B).sum(0) / T**0.5
+        # Bag sums as differences of one running sum (float64): no atomics, the same labels every run.
+        running = torch.zeros(ids.numel() + 1, dtype=torch.float64, device=self.device)
+        torch.cumsum(self._row_scores(table_of_id, ids), 0, out=running[1:])
+        bag_means = (running[offsets[1:]] - running[offsets[:-1]]) / lengths.clamp(min=1)
+        score = dense @ self._dense_weights + (bag_means.view(T, B).sum(0) / T**0.5).float()
         labels = (torch.rand(B, generator=g, device=self.device) < torch.sigmoid(2.0 * score)).float()
         features = KeyedJaggedTensor.from_offsets_sync(keys=[f"f{t}" for t in range(T)], values=ids, offsets=offsets)
         return Batch(dense_features=dense, sparse_features=features, labels=labels)

@@ -1,0 +1,172 @@
+"""The end-to-end benchmark: its CPU smoke run (both backends, the pipelines CPU runs), the
+kernel grouping of its profile, and the per-table tables it trains (config, batches, app)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd.profiler_util import Kernel
+
+from pipelines.benchmark_e2e import (
+    DENSE, GROUPS, OTHER, TBE_BACKWARD, TBE_FORWARD, UNATTRIBUTED_TBE, kernel_breakdown, kernel_group, kernel_records,
+)  # fmt: skip
+from pipelines.config import ConfigError, DataConfig, TableSpec, TablesConfig
+from pipelines.data import WorkloadClickLog, rows_per_table
+from tbe_plugin.workloads import ctr_tables_dlrm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _clean_env():
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e")
+    command = [sys.executable, "-m", "pipelines.benchmark_e2e", "--smoke", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "e2e.json").read_text()), (out / "e2e.md").read_text()
+
+
+def test_smoke_run_measures_every_pipeline_of_both_backends(smoke):
+    results, markdown = smoke
+    ran = {f"{b}/{p}" for b in ("fbgemm", "triton") for p in ("sparsedist", "stale0", "stale1")}
+    assert set(results["runs"]) == ran
+    assert set(results["skipped"]) == {"fbgemm/semisync", "triton/semisync"}  # TorchRec's SemiSync: CUDA only
+    for key, r in results["runs"].items():
+        assert r["ms"] > 0 and r["examples_per_s"] > 0 and r["median_ms"] > 0, key
+        assert len(r["losses"]) == 3 and len(r["step_ms"]) == 2, key  # 1 warm-up + 2 timed steps
+        assert r["plan"] == {"table_wise/" + ("fused" if key.startswith("fbgemm") else "fused_triton"): 4}, key
+    for pipeline in ("sparsedist", "stale0", "stale1"):
+        s = results["summary"][pipeline]
+        assert s["examples_per_s_ratio"] == pytest.approx(
+            results["runs"][f"triton/{pipeline}"]["examples_per_s"] / results["runs"][f"fbgemm/{pipeline}"]["examples_per_s"])
+        assert s["loss_diff_backends"] < 1e-4, (pipeline, s)  # same weights, batches and semantics
+    for backend in ("fbgemm", "triton"):
+        runs = {p: results["runs"][f"{backend}/{p}"]["losses"] for p in ("sparsedist", "stale0", "stale1")}
+        assert results["summary"][backend]["loss_diff_stale0_vs_sparsedist"] == 0.0  # k = 0 is SparseDist, bitwise
+        assert runs["stale1"][0] == runs["sparsedist"][0] and runs["stale1"] != runs["sparsedist"]  # stale from step 2
+    p = results["provenance"]
+    assert len(p["commit"]) == 40 and isinstance(p["dirty"], bool) and "--smoke" in p["command"]
+    assert {"torch", "triton", "torchrec", "fbgemm_gpu"} <= set(results["versions"])
+    assert results["settings"]["skew"]["lookups"] > 0 and len(results["settings"]["per_table"]) == 4
+    assert "| sparsedist | triton |" in markdown and "Top kernels, triton" in markdown
+
+
+def test_smoke_profile_attributes_time_to_each_backends_tbe(smoke):
+    results, _ = smoke
+    for backend in ("fbgemm", "triton"):
+        profile = results["runs"][f"{backend}/sparsedist"]["profile"]
+        groups = profile["groups_ms"]
+        assert set(groups) == set(GROUPS)
+        assert groups[TBE_FORWARD] > 0 and groups[TBE_BACKWARD] > 0 and groups[DENSE] > 0, (backend, groups)
+        assert profile["total_ms"] == pytest.approx(sum(groups.values()))
+        assert 0 < len(profile["top"]) <= 15
+        times = [k["ms"] for k in profile["top"]]
+        assert times == sorted(times, reverse=True)
+
+
+@pytest.mark.parametrize("kernel, ops, group", [
+    ("_pooled_forward_kernel", ["tbe_plugin::lookup", "## forward ##"], TBE_FORWARD),
+    ("_chunk_kernel", ["tbe_plugin::fused_update", "autograd::engine::evaluate_function: _FusedLookupBackward"],
+     TBE_BACKWARD),
+    ("void radix_sort", ["aten::sort", "autograd::engine::evaluate_function: SplitLookupFunction_rowwise_adagrad_Op"],
+     TBE_BACKWARD),  # FBGEMM's backward launches generic kernels too: its autograd node decides
+    ("split_embedding_codegen_forward_unweighted_kernel",
+     ["fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function", "## forward ##"], TBE_FORWARD),
+    ("Memcpy HtoD (Pageable -> Device)", ["aten::copy_", "## forward ##"], OTHER),
+    ("void permute_2D_data_kernel", ["fbgemm::permute_2D_sparse_data", "## sparse_data_dist ##"], OTHER),
+    ("ncclDevKernel_AllToAll", ["c10d::alltoall_base_"], OTHER),
+    ("_crossing_kernel", ["aten::empty"], UNATTRIBUTED_TBE),
+    ("sm90_xmma_gemm_f32f32", ["aten::addmm", "## forward ##"], DENSE),
+])  # fmt: skip
+def test_kernel_group_follows_the_innermost_phase_op(kernel, ops, group):
+    assert kernel_group(kernel, ops) == group
+
+
+def _event(name, parent=None, kernels=(), self_us=0.0):
+    return SimpleNamespace(name=name, cpu_parent=parent, kernels=[Kernel(n, 0, us) for n, us in kernels],
+                           self_cpu_time_total=self_us, device_type=torch.autograd.DeviceType.CPU)  # fmt: skip
+
+
+def test_kernel_breakdown_sums_kernels_per_group_and_ranks_them():
+    step = _event("## forward ##")
+    lookup = _event("tbe_plugin::lookup", step, [("_pooled_forward_kernel", 300.0),
+                                                 ("tbe_plugin::lookup", 999.0)], self_us=5.0)  # its GPU range: skipped
+    gemm = _event("aten::addmm", step, [("gemm", 500.0), ("gemm", 100.0)], self_us=7.0)
+    events = [step, lookup, gemm]
+    device = kernel_breakdown(kernel_records(events, device_time=True), steps=2, top=15)
+    assert device["groups_ms"][TBE_FORWARD] == pytest.approx(0.15) and device["groups_ms"][DENSE] == pytest.approx(0.3)
+    assert device["total_ms"] == pytest.approx(0.45)
+    assert [(k["kernel"], k["group"]) for k in device["top"]] == [("gemm", DENSE), ("_pooled_forward_kernel", TBE_FORWARD)]
+    assert device["top"][0]["share"] == pytest.approx(600 / 900)
+    assert len(kernel_breakdown(kernel_records(events, device_time=True), steps=2, top=1)["top"]) == 1
+    cpu = kernel_breakdown(kernel_records(events, device_time=False), steps=1, top=15)  # ops' own CPU time
+    assert cpu["groups_ms"][TBE_FORWARD] == pytest.approx(0.005) and cpu["groups_ms"][DENSE] == pytest.approx(0.007)
+
+
+def test_per_table_tables_validate_naming_the_entry():
+    specs = [TableSpec(rows=100, pooling_factor=2, zipf_alpha=1.1), TableSpec(rows=10, pooling_factor=1, zipf_alpha=0)]
+    assert rows_per_table(TablesConfig(num_tables=2, dim=4, per_table=specs)) == [100, 10]
+    assert rows_per_table(TablesConfig(num_tables=3, rows=7)) == [7, 7, 7]
+    bad = [specs[0], TableSpec(rows=10, pooling_factor=1, zipf_alpha=-1.0)]
+    with pytest.raises(ConfigError, match=r"tables.per_table\[1\].zipf_alpha"):
+        TablesConfig(num_tables=2, per_table=bad)
+    with pytest.raises(ConfigError, match="tables.per_table: has 2 entries for tables.num_tables=3"):
+        TablesConfig(num_tables=3, per_table=specs)
+    with pytest.raises(ConfigError, match="either tables.workload or tables.per_table"):
+        TablesConfig(num_tables=2, workload="ctr_dlrm", per_table=specs)
+    with pytest.raises(ConfigError, match="tables.workload: 'ctr' is not one of ctr_dlrm"):
+        TablesConfig(workload="ctr")
+
+
+def test_ctr_dlrm_config_group_selects_the_workloads_tables():
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.config import register, validate
+
+    register()  # the schemas the YAML groups name
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = validate(compose("config", overrides=["tables=ctr_dlrm", "model.dense_arch_layer_sizes=[512,256,128]"]))
+    assert cfg.tables.workload == "ctr_dlrm" and cfg.tables.dim == 128
+    assert rows_per_table(cfg.tables) == [t.rows for t in ctr_tables_dlrm(num_tables=30, dim=128, seed=0)]
+
+
+def test_workload_click_log_draws_the_workloads_batches():
+    tables = TablesConfig(num_tables=3, dim=8, per_table=[
+        TableSpec(rows=300, pooling_factor=3, zipf_alpha=1.2), TableSpec(rows=20, pooling_factor=2, zipf_alpha=0,
+                                                                         bag_lengths="fixed"),
+        TableSpec(rows=5000, pooling_factor=1, zipf_alpha=1.05)])  # fmt: skip
+    data = DataConfig(batch_size=16, seed=3, distinct_batches=2)
+    batches = list(WorkloadClickLog(tables, data, 5, torch.device("cpu"), rank=1, num_batches=3))
+    assert batches[2] is batches[0] and batches[1] is not batches[0]
+    again = WorkloadClickLog(tables, data, 5, torch.device("cpu"), rank=1).batch(0)
+    features = batches[0].sparse_features
+    assert torch.equal(again.sparse_features.values(), features.values())
+    assert torch.equal(again.labels, batches[0].labels) and torch.equal(again.dense_features, batches[0].dense_features)
+    assert torch.equal(features["f1"].lengths(), torch.full((16,), 2))  # fixed bags
+    for t, rows in enumerate((300, 20, 5000)):
+        ids = features[f"f{t}"].values()
+        assert ids.min() >= 0 and ids.max() < rows
+    other_rank = WorkloadClickLog(tables, data, 5, torch.device("cpu"), rank=0).batch(0)
+    assert not torch.equal(other_rank.sparse_features.values(), features.values())
+    assert set(batches[0].labels.tolist()) <= {0.0, 1.0} and batches[0].dense_features.shape == (16, 5)
+
+
+def test_training_app_trains_per_table_tables(tmp_path):
+    tables = "[{rows:300,pooling_factor:3,zipf_alpha:1.1},{rows:50,pooling_factor:1,zipf_alpha:0,bag_lengths:fixed}]"
+    command = [sys.executable, "-m", "pipelines.train", "backend=fbgemm", "steps=6", "eval_batches=2",
+               "data.batch_size=32", "logging.progress_bar=false", "tables.num_tables=2", f"tables.per_table={tables}"]
+    env = dict(_clean_env(), PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("[rank 0] metrics "))
+    metrics = json.loads(line[len("[rank 0] metrics "):])
+    assert metrics["steps"] == 6 and 0.0 <= metrics["auc"] <= 1.0 and metrics["log_loss"] > 0

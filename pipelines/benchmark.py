@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import shlex
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -348,10 +347,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     from pipelines.train import _init_distributed, build_model
 
     rank, world_size, device = _init_distributed()
+    environment = versions(device)
     results: Dict[str, Any] = {"world_size": world_size, "batch_size_per_rank": args.batch_size, "rows": args.rows,
                                "dim": args.dim, "zipf": args.zipf, "steps": args.steps, "warmup": args.warmup,
-                               "versions": versions(device), "runs": {},
-                               "provenance": provenance(["-m", "pipelines.benchmark", *args.argv])}  # fmt: skip
+                               "versions": environment, "runs": {},
+                               "provenance": provenance(environment, ["-m", "pipelines.benchmark", *args.argv])}  # fmt: skip
     try:
         for balance in args.balances.split(","):
             batches = None
@@ -403,34 +403,22 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     return results
 
 
-def provenance(argv: List[str]) -> Dict[str, Any]:
-    """The commit measured and whether the tree differed from it (``git``; where the tree
-    has no repository, as on the device, ``TBE_PLUGIN_COMMIT`` and ``TBE_PLUGIN_DIRTY``
-    as the caller set them from its checkout), and the command line."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def git(*command: str) -> Optional[str]:
-        try:
-            done = subprocess.run(["git", *command], cwd=root, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
-    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
-    if commit is None or status is None:
-        commit = os.environ.get("TBE_PLUGIN_COMMIT", "unknown (no git repository here; set TBE_PLUGIN_COMMIT)")
-        dirty: Any = {"1": True, "0": False}.get(os.environ.get("TBE_PLUGIN_DIRTY", ""), "unknown")
-        changed: List[str] = []
-    else:
-        changed = [line[3:] for line in status.splitlines()]
-        dirty = bool(changed)
-    return {"commit": commit.strip(), "dirty": dirty, "changed_files": changed,
+def provenance(environment: Dict[str, Any], argv: List[str]) -> Dict[str, Any]:
+    """The commit measured and whether the tree differed from it (``git_state``, in
+    ``versions``); where the tree has no repository, as on the device, ``TBE_PLUGIN_COMMIT``
+    and ``TBE_PLUGIN_DIRTY`` (1 or 0) as the caller set them from its checkout; and the
+    command line."""
+    commit, dirty = environment.get("git_commit", "unknown"), environment.get("git_dirty")
+    if commit == "unknown":
+        commit = os.environ.get("TBE_PLUGIN_COMMIT", "unknown (no git repository; set TBE_PLUGIN_COMMIT)")
+        dirty = {"1": True, "0": False}.get(os.environ.get("TBE_PLUGIN_DIRTY", ""))
+    return {"commit": commit, "dirty": dirty, "changed_files": environment.get("git_changed", []),
             "command": shlex.join([os.path.basename(sys.executable), *argv])}  # fmt: skip
 
 
-def commit_line(provenance: Dict[str, Any]) -> str:
-    dirty = {True: " (dirty tree)", False: ""}.get(provenance["dirty"], " (tree state unknown)")
-    return f"Commit {provenance['commit']}{dirty}."
+def commit_line(measured: Dict[str, Any]) -> str:
+    dirty = {True: " (dirty tree)", False: ""}.get(measured["dirty"], " (tree state unknown)")
+    return f"Commit {measured['commit']}{dirty}."
 
 
 def versions(device: torch.device) -> Dict[str, str]:

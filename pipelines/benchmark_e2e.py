@@ -276,8 +276,9 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
     batches = list(WorkloadClickLog(tables, data, 13, device, rank, args.distinct_batches))
     features = batches[0].sparse_features
     workload = Workload("e2e", table_workloads(tables), args.batch_size)
+    environment = versions(device)
     results: Dict[str, Any] = {
-        "provenance": provenance(["-m", "pipelines.benchmark_e2e", *argv]), "versions": versions(device),
+        "provenance": provenance(environment, ["-m", "pipelines.benchmark_e2e", *argv]), "versions": environment,
         "settings": {"tables": workload.describe(), "per_table": [dataclasses.asdict(t) for t in workload.tables],
                      "skew": skew_stats(workload, features.values(), features.offsets()),
                      "batch_size": args.batch_size, "world_size": world_size, "dense": args.dense, "over": args.over,

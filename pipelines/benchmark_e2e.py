@@ -34,6 +34,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.autograd import DeviceType
 
 from pipelines.benchmark import (
     BALANCES, commit_line, device_init, dlrm_config, make_pipeline, plan_summary, profile_steps, provenance,
@@ -56,10 +57,13 @@ CUDA_ONLY = {"semisync": "TorchRec's TrainPipelineSemiSync needs CUDA streams (i
 TBE_FORWARD, TBE_BACKWARD, DENSE, OTHER = "TBE forward", "TBE backward", "dense", "other"
 UNATTRIBUTED_TBE = "TBE (no phase op)"
 GROUPS = (TBE_FORWARD, TBE_BACKWARD, DENSE, OTHER, UNATTRIBUTED_TBE)
-# Ops of the input side (copy, input all-to-all, TorchRec's ranges around them): their
-# kernels are "other", not dense.
-INPUT_OP_MARKS = ("copy_batch_to_gpu", "sparse_data_dist", "input_dist", "KJTAllToAll", "fbgemm::permute",
-                  "fbgemm::block_bucketize")  # fmt: skip
+# TorchRec's range around a sharded module's lookup ("[lookup]_[fqn]_[sharding]"): the whole
+# TBE forward of either backend, FBGEMM's bounds check included, beside our and FBGEMM's ops.
+TBE_FORWARD_OP_MARKS = ("[lookup]_", "fbgemm::bounds_check_indices")
+# Ops of the input and output side (copy, all-to-alls, TorchRec's ranges around them): their
+# kernels are "other", not dense. Matched in lower case (TorchRec writes both KJT and kjt).
+OTHER_OP_MARKS = ("copy_batch_to_gpu", "sparse_data_dist", "input_dist", "[splits_dist]_", "[tensors_dist]_",
+                  "[output_dist]_", "kjt", "all2all", "fbgemm::permute", "fbgemm::block_bucketize")  # fmt: skip
 OTHER_KERNEL_MARKS = ("memcpy", "memset", "nccl")
 # Kernel names of the TBE itself: ours are Triton functions named with a leading '_'.
 FBGEMM_KERNEL_MARKS = ("split_embedding", "batched_embedding")
@@ -72,11 +76,11 @@ def kernel_group(kernel: str, ops: Sequence[str]) -> str:
     op is reported apart, not guessed); the rest is the dense model and its optimizer."""
     for op in ops:
         phase = phase_of(op)
-        if phase == "tbe_forward":
+        if phase == "tbe_forward" or any(mark in op for mark in TBE_FORWARD_OP_MARKS):
             return TBE_FORWARD
         if phase == "tbe_backward":
             return TBE_BACKWARD
-        if phase == "all_to_all" or any(mark in op for mark in INPUT_OP_MARKS):
+        if phase == "all_to_all" or any(mark in op.lower() for mark in OTHER_OP_MARKS):
             return OTHER
     if any(mark in kernel.lower() for mark in OTHER_KERNEL_MARKS):
         return OTHER
@@ -102,7 +106,7 @@ def kernel_records(events: Any, device_time: bool) -> List[Tuple[str, str, float
             for kernel in getattr(event, "kernels", ()):
                 if kernel.name != event.name:  # an annotation's own GPU range, not a kernel
                     records.append((kernel.name, kernel_group(kernel.name, _op_chain(event)), kernel.duration))
-        elif event.self_cpu_time_total > 0 and getattr(event, "device_type", None) in (None, torch.autograd.DeviceType.CPU):
+        elif event.self_cpu_time_total > 0 and getattr(event, "device_type", None) in (None, DeviceType.CPU):
             records.append((event.name, kernel_group(event.name, _op_chain(event)), event.self_cpu_time_total))
     return records
 
@@ -129,8 +133,8 @@ SMOKE_MAX_POOLING = 1.0
 def smoke_tables(dim: int) -> TablesConfig:
     """The CTR tables' first four, shrunk for the interpreter: rows / 1000, pooling at most
     ``SMOKE_MAX_POOLING``; their Zipf exponents kept."""
-    specs = [TableSpec(rows=max(100, t.rows // 1000), pooling_factor=min(t.mean_pooling, SMOKE_MAX_POOLING), zipf_alpha=t.alpha)
-             for t in ctr_tables_dlrm(num_tables=4, dim=dim)]  # fmt: skip
+    specs = [TableSpec(rows=max(100, t.rows // 1000), pooling_factor=min(t.mean_pooling, SMOKE_MAX_POOLING),
+                       zipf_alpha=t.alpha) for t in ctr_tables_dlrm(num_tables=4, dim=dim)]  # fmt: skip
     return TablesConfig(num_tables=len(specs), dim=dim, per_table=specs)
 
 
@@ -198,17 +202,24 @@ def _fmt(value: Optional[float], spec: str = ".2f") -> str:
 
 def report(results: Dict[str, Any]) -> str:
     v, p, s = results["versions"], results["provenance"], results["settings"]
+    skew = s["skew"]
     lines = [
         "# End to end: TorchRec DLRM on the CTR tables, both backends, four pipelines", "",
         f"{v.get('device_name', v.get('device'))}; torch {v.get('torch')}, triton {v.get('triton')}, "
         f"torchrec {v.get('torchrec')}, fbgemm_gpu {v.get('fbgemm_gpu')}. {commit_line(p)}", "",
         f"Command: `{p['command']}`", "",
-        f"Tables: {s['tables']}; skew of batch 0: {json.dumps(s['skew'])}. DLRM bottom MLP {s['dense']}, "
+        f"Tables: {s['tables']}; batch 0: {skew['lookups']} lookups, distinct {skew['distinct_fraction']:.0%}, "
+        f"hot1% {skew['hot1pct_share']:.0%}, longest run {skew['max_run']}. DLRM bottom MLP {s['dense']}, "
         f"top MLP {s['over']}, B={s['batch_size']} per rank, world size {s['world_size']}, fused rowwise "
         f"Adagrad (fp32) + dense Adagrad, tables {s['sharding'] or 'as planned'}. {s['distinct_batches']} "
         f"distinct batches cycled; {s['warmup']} warm-up steps, then {s['steps']} steps in {s['windows']} "
         "windows synchronized at both ends (ms = their mean; median and p10-p90 of single steps).", "",
     ]  # fmt: skip
+    lines += _timing_lines(results) + _loss_lines(results) + _profile_lines(results)
+    return "\n".join(lines) + "\n"
+
+
+def _timing_lines(results: Dict[str, Any]) -> List[str]:
     rows = []
     for pipeline in PIPELINES:
         for backend in BACKENDS:
@@ -217,14 +228,18 @@ def report(results: Dict[str, Any]) -> str:
                 continue
             ratio = results["summary"].get(pipeline, {}) if backend == "triton" else {}
             spread = f"{_fmt(r['p10_ms'])}-{_fmt(r['p90_ms'])}" if r["p10_ms"] is not None else ""
-            rows.append([pipeline, backend, _fmt(r["ms"]), _fmt(r["median_ms"]), spread, _fmt(r["examples_per_s"], ".0f"),
-                         _fmt(ratio.get("examples_per_s_ratio"), ".3f"), _fmt(r["peak_gib"]),
-                         _fmt(ratio.get("peak_ratio"), ".3f")])  # fmt: skip
-    lines += [markdown_table(["pipeline", "backend", "ms/step", "median", "p10-p90", "examples/s",
-                              "triton / fbgemm", "peak GiB", "peak triton / fbgemm"], rows), ""]  # fmt: skip
-    lines += [f"Not run: {key}: {why}" for key, why in results.get("skipped", {}).items()]
-    lines += ["", "Loss agreement, largest |difference| over all steps (first step in parentheses): between "
-              "backends per pipeline; within a backend, pipelines of equal semantics.", ""]
+            rows.append([pipeline, backend, _fmt(r["ms"]), _fmt(r["median_ms"]), spread,
+                         _fmt(r["examples_per_s"], ".0f"), _fmt(ratio.get("examples_per_s_ratio"), ".3f"),
+                         _fmt(r["peak_gib"]), _fmt(ratio.get("peak_ratio"), ".3f")])  # fmt: skip
+    headers = ["pipeline", "backend", "ms/step", "median", "p10-p90", "examples/s", "triton / fbgemm", "peak GiB",
+               "peak triton / fbgemm"]  # fmt: skip
+    return [markdown_table(headers, rows), ""] + [f"Not run: {key}: {why}" for key, why in
+                                                  results.get("skipped", {}).items()]  # fmt: skip
+
+
+def _loss_lines(results: Dict[str, Any]) -> List[str]:
+    lines = ["", "Loss agreement, largest |difference| over all steps (first step in parentheses): between "
+             "backends per pipeline; within a backend, pipelines of equal semantics.", ""]  # fmt: skip
     for pipeline in PIPELINES:
         d = results["summary"].get(pipeline)
         if d:
@@ -233,23 +248,27 @@ def report(results: Dict[str, Any]) -> str:
     for backend in BACKENDS:
         for key, value in results["summary"].get(backend, {}).items():
             lines.append(f"- {backend}, {key[len('loss_diff_'):].replace('_', ' ')}: {value:.2e}")
-    profiles = {b: results["runs"][f"{b}/{PROFILED_PIPELINE}"].get("profile") for b in BACKENDS
-                if f"{b}/{PROFILED_PIPELINE}" in results["runs"]}  # fmt: skip
+    return lines
+
+
+def _profile_lines(results: Dict[str, Any]) -> List[str]:
+    profiles = {b: results["runs"].get(f"{b}/{PROFILED_PIPELINE}", {}).get("profile") for b in BACKENDS}
     profiles = {b: prof for b, prof in profiles.items() if prof}
-    if profiles:
-        unit = "device ms" if all(prof["device_time"] for prof in profiles.values()) else "CPU ms (no GPU)"
-        steps = next(iter(profiles.values()))["steps"]
-        lines += ["", f"Profile under {PROFILED_PIPELINE}, {steps} steps: {unit} per step by group", ""]
-        names = list(profiles)
-        rows = [[group] + [_fmt(profiles[b]["groups_ms"][group], ".3f") for b in names] for group in GROUPS]
-        rows.append(["all kernels"] + [_fmt(profiles[b]["total_ms"], ".3f") for b in names])
-        lines.append(markdown_table(["group"] + names, rows))
-        for backend, prof in profiles.items():
-            lines += ["", f"Top kernels, {backend} ({unit} per step):", ""]
-            rows = [[k["kernel"][:100].replace("|", "/"), k["group"], _fmt(k["ms"], ".3f"), _fmt(100 * k["share"], ".1f")]
-                    for k in prof["top"]]  # fmt: skip
-            lines.append(markdown_table(["kernel", "group", "ms", "%"], rows))
-    return "\n".join(lines) + "\n"
+    if not profiles:
+        return []
+    unit = "device ms" if all(prof["device_time"] for prof in profiles.values()) else "CPU ms (no GPU)"
+    steps = next(iter(profiles.values()))["steps"]
+    names = list(profiles)
+    rows = [[group] + [_fmt(profiles[b]["groups_ms"][group], ".3f") for b in names] for group in GROUPS]
+    rows.append(["all kernels"] + [_fmt(profiles[b]["total_ms"], ".3f") for b in names])
+    lines = ["", f"Profile under {PROFILED_PIPELINE}, {steps} steps: {unit} per step by group", "",
+             markdown_table(["group"] + names, rows)]  # fmt: skip
+    for backend, prof in profiles.items():
+        rows = [[k["kernel"][:100].replace("|", "/"), k["group"], _fmt(k["ms"], ".3f"), _fmt(100 * k["share"], ".1f")]
+                for k in prof["top"]]  # fmt: skip
+        lines += ["", f"Top kernels, {backend} ({unit} per step):", "",
+                  markdown_table(["kernel", "group", "ms", "%"], rows)]  # fmt: skip
+    return lines
 
 
 def write_results(results: Dict[str, Any], out: str) -> None:

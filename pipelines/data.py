@@ -10,13 +10,28 @@ for tables that differ (``tables.workload`` or ``tables.per_table``), drawing on
 device with ``tbe_plugin.workloads``' generator.
 """
 
-from typing import Iterator, List, Tuple
+from typing import Callable, Iterator, List, Tuple
 
 import numpy as np
 import torch
 
 from pipelines.config import ConfigError, DataConfig, TablesConfig
 from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
+
+
+def _cycled(make_batch: Callable[[int], object], num_batches: int, distinct: int) -> Iterator[object]:
+    """``num_batches`` batches (-1: endless), ``make_batch(i)`` for the i-th new one; with
+    ``distinct`` > 0 only that many are made, then cycled."""
+    produced, cycle = 0, []
+    while num_batches < 0 or produced < num_batches:
+        if distinct and len(cycle) == distinct:
+            batch = cycle[produced % distinct]
+        else:
+            batch = make_batch(produced)
+            if distinct:
+                cycle.append(batch)
+        produced += 1
+        yield batch
 
 
 class SyntheticClickLog:
@@ -36,17 +51,7 @@ class SyntheticClickLog:
         self._rng = np.random.default_rng([data.seed, rank, stream])  # stream 1: held-out data
 
     def __iter__(self) -> Iterator[object]:
-        produced, cycle = 0, []
-        distinct = getattr(self.data, "distinct_batches", 0)
-        while self.num_batches < 0 or produced < self.num_batches:
-            if distinct and len(cycle) == distinct:
-                batch = cycle[produced % distinct]
-            else:
-                batch = self.batch()
-                if distinct:
-                    cycle.append(batch)
-            produced += 1
-            yield batch
+        return _cycled(lambda _: self.batch(), self.num_batches, getattr(self.data, "distinct_batches", 0))
 
     def _ids(self, table: int, count: int) -> np.ndarray:
         rows = self.tables.rows
@@ -117,17 +122,7 @@ class WorkloadClickLog:
         self._dense_weights = (torch.randn(dense_in_features, generator=hidden) / dense_in_features**0.5).to(device)
 
     def __iter__(self) -> Iterator[object]:
-        distinct, cycle = self.data.distinct_batches, []
-        produced = 0
-        while self.num_batches < 0 or produced < self.num_batches:
-            if distinct and len(cycle) == distinct:
-                batch = cycle[produced % distinct]
-            else:
-                batch = self.batch(produced)
-                if distinct:
-                    cycle.append(batch)
-            produced += 1
-            yield batch
+        return _cycled(self.batch, self.num_batches, self.data.distinct_batches)
 
     def _row_scores(self, tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """A fixed pseudo-random score per (table, row), uniform with variance 1."""

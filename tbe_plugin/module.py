@@ -18,8 +18,15 @@ from torch import nn
 
 from tbe_plugin.ops.bounds import validate_forward_inputs
 from tbe_plugin.ops.optimizers import Optimizer, WeightDecay
-from tbe_plugin.ops.training import fused_update, merge_bounds_status_op, register_live_state, tbe_lookup_train_op
+from tbe_plugin.ops.training import (
+    LookupConfig,
+    UpdateConfig,
+    fused_update,
+    merge_bounds_status_op,
+    training_lookup,
+)
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
+from tbe_plugin.ops.embedding_backward import RunsLaunch
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
@@ -268,10 +275,12 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         self._align = vector_alignment(self.table_dims, self.weights.element_size())
         # Autograd reaches the fused backward through this empty parameter, as in FBGEMM.
         self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.device))
-        self._live_handle = register_live_state(self)  # the compiled backward's way to the live state
         # Seed of stochastic rounding, advanced every step; a host tensor so that it is a
         # runtime value under torch.compile too (as is learning_rate_tensor).
         self.rounding_seed = torch.zeros((), dtype=torch.int64)
+        # Launch sizes of the backward's kernels (``ops.embedding_backward.RunsLaunch``); None:
+        # their heuristic. Tests and profilers set another.
+        self.backward_launch: Optional[RunsLaunch] = None
         # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
         self.register_buffer("bounds_check_status", new_status(self.device), persistent=False)
 
@@ -498,11 +507,6 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             self.hyper_tensor,
         )
 
-    def live_training_state(self) -> tuple:
-        """(weights, momentum1, momentum2, step, rounding seed) as they are now: what the
-        compiled backward updates (``ops.training.register_live_state``)."""
-        return (self.weights, *self._state_tensors(), self.rounding_seed)
-
     def _state_tensors(self) -> tuple:
         """(momentum1, momentum2, step): None where the optimizer has no such state."""
         return tuple(getattr(self, name, None) for name in ("momentum1", "momentum2", "iter"))
@@ -517,18 +521,19 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         psw_grad = fused_update(
             grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
             self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
-            psw_requires_grad, *self._training_config(),
+            psw_requires_grad, *self._training_config(), launch=self.backward_launch,
         )  # fmt: skip
         return psw_grad if psw_requires_grad else None
 
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
-        """The training forward as a registered op with autograd, for torch.compile."""
-        _, total_rows, align, pooling, _, optimizer, decay, rounding, hyper = self._training_config()
-        out, status = tbe_lookup_train_op(
-            self.placeholder_autograd_tensor, self.weights, *self._state_tensors(),
-            self.rounding_seed, self.learning_rate_tensor, self.feature_meta, indices, offsets,
-            per_sample_weights, self.feature_dims, pooling, int(self.bounds_check_mode),
-            self.output_dtype, align, total_rows, optimizer, decay, rounding, hyper, self._live_handle,
+        """The training forward as registered ops with autograd, for torch.compile: the
+        backward updates these very tensors in place (``ops.training.training_lookup``)."""
+        max_dim, total_rows, align, pooling, check, optimizer, decay, rounding, hyper = self._training_config()
+        out, status = training_lookup(
+            self.placeholder_autograd_tensor, indices, offsets, per_sample_weights, self.feature_meta,
+            (self.weights, *self._state_tensors(), self.rounding_seed), self.learning_rate_tensor, hyper,
+            LookupConfig(self.feature_dims, pooling, int(self.bounds_check_mode), self.output_dtype, align),
+            UpdateConfig(max_dim, total_rows, align, pooling, check, optimizer, decay, rounding),
         )  # fmt: skip
         merge_bounds_status_op(self.bounds_check_status, status, int(self.bounds_check_mode))
         return out

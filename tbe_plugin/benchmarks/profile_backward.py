@@ -1,54 +1,60 @@
 """Where the fused backward's time goes, and how its launch sizes trade off, on the device.
 
-``python -m tbe_plugin.benchmarks.profile_backward --out DIR`` runs forward + backward on
-the reference shape (T=32, B=8192, L=20, D=128, E=1e6, fp32; uniform and Zipf ids; other B,
-L with ``--shapes``) for
-each optimizer asked, under ``torch.profiler``, and writes DIR/profile_backward.json with
-the CUDA time of every kernel (ours: positions, sort, chunk, crossing; plus torch's), and
-the backward's median time for each candidate launch size (``CANDIDATES``). Nothing reads
-it at run time: it tells the next change what to work on.
+``python -m tbe_plugin.benchmarks.profile_backward --out DIR [--configs b8192,zipf1.15]``
+takes configs of the benchmark suite (``suite.py``: the same inputs as the A/B), runs
+forward + backward under ``torch.profiler`` for each optimizer asked, and writes
+DIR/profile_backward.json: the device time of every kernel, ours (default launch sizes)
+and FBGEMM's on the same batch, FBGEMM's backward time, and ours for each candidate
+launch (``CANDIDATES``: ``RunsLaunch`` values, passed through the module's
+``backward_launch``). Nothing reads it at run time: it tells the next change what to do.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
-
-import numpy
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tbe_plugin import TritonTableBatchedEmbeddingBags
-from tbe_plugin.ops import embedding_backward
-
-# Launch sizes tried, each a set of embedding_backward attributes over the defaults.
-CANDIDATES = [
-    {},
-    {"CROSSING_WARPS": 4},
-    {"SEGMENTS_PER_PROGRAM": 1},
-    {"SEGMENTS_PER_PROGRAM": 16},
-    {"CROSSING_CHUNKS_PER_PROGRAM": 256},
-]
+from tbe_plugin.benchmarks.backward import build_module, lookup
+from tbe_plugin.benchmarks.common import generate_batches, silence_fbgemm_logging
+from tbe_plugin.benchmarks.report import git_state
+from tbe_plugin.benchmarks.suite import DEVICE_CONFIGS
+from tbe_plugin.ops.embedding_backward import runs_launch
 
 
-def make_batch(T, B, L, E, zipf, device):
-    if zipf:  # Zipf(1.15) ranks below E (rejecting the rest), shuffled over the rows
-        rng = numpy.random.default_rng(0)
-        ranks = rng.zipf(1.15, size=T * B * L)
-        while (too_big := ranks > E).any():
-            ranks[too_big] = rng.zipf(1.15, size=int(too_big.sum()))
-        ids = torch.randperm(E, device=device)[torch.from_numpy(ranks - 1).to(device)]
-    else:
-        ids = torch.randint(0, E, (T * B * L,), device=device)
-    return ids, torch.arange(0, T * B * L + 1, L, device=device)
+def _replace(**fields):
+    return lambda block_d: dataclasses.replace(runs_launch(block_d), **fields)
 
 
-def time_backward(emb, indices, offsets, grad, iters=10):
+# Candidate launches by name: each maps the rows' BLOCK_D to a RunsLaunch.
+CANDIDATES = {
+    "default": runs_launch,
+    "chunk32w8": _replace(chunk_ids=32, chunk_warps=8),
+    "chunk16w4": _replace(chunk_ids=16, chunk_warps=4),
+    "chunk16w8": _replace(chunk_ids=16, chunk_warps=8),
+    "chunk64w16": _replace(chunk_ids=64, chunk_warps=16),
+    "prefetch256": _replace(prefetch_chunks=256),
+    "prefetch1024": _replace(prefetch_chunks=1024),
+    "stages2": _replace(chunk_stages=2, chunk_warps=8, chunk_programs_per_sm=1),
+    "stages3x2": _replace(chunk_stages=3, chunk_warps=4, chunk_ids=16, chunk_programs_per_sm=2),
+    "crossing1": _replace(crossing_chunks=1),
+    "crossing16": _replace(crossing_chunks=16),
+}
+
+
+def block_d_of(module) -> int:
+    return max(16, 1 << (max(module.table_dims) - 1).bit_length())
+
+
+def time_backward(module, batch, grad, iters: int) -> float:
     """Median ms of ``out.backward(grad)`` after an untimed forward (FBGEMM's bwd-only)."""
     times = []
     for _ in range(iters + 2):
-        out = emb(indices, offsets)
+        out = lookup(module, batch)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out.backward(grad)
@@ -58,103 +64,93 @@ def time_backward(emb, indices, offsets, grad, iters=10):
     return statistics.median(times[2:])
 
 
-def kernel_breakdown(emb, indices, offsets, grad):
-    out = emb(indices, offsets)
+def kernel_breakdown(module, batch, grad, top: int = 16) -> list[dict]:
+    """Device time per kernel of one backward, largest first."""
+    out = lookup(module, batch)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out.backward(grad)
         torch.cuda.synchronize()
     rows = []
     for event in prof.key_averages():
-        cuda_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if cuda_us:
-            rows.append({"name": event.key[:120], "cuda_ms": cuda_us / 1e3, "calls": event.count})
-    return sorted(rows, key=lambda r: -r["cuda_ms"])[:15]
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if device_us:
+            rows.append({"name": event.key[:120], "ms": round(device_us / 1e3, 4), "calls": event.count})
+    return sorted(rows, key=lambda r: -r["ms"])[:top]
 
 
-def host_breakdown(emb, indices, offsets, grad, iters=20):
-    """Host time of ``out.backward(grad)`` (launches only: the device is idle when it
-    starts, and nothing waits for it), median over ``iters``, and the host-side ops under
-    torch.profiler by self CPU time."""
-    import time
-
+def host_ms(module, batch, grad, iters: int = 10) -> float:
+    """Host time of ``out.backward(grad)`` with the device idle at its start (launch cost)."""
     times = []
     for _ in range(iters):
-        out = emb(indices, offsets)
+        out = lookup(module, batch)
         torch.cuda.synchronize()
         start = time.perf_counter()
         out.backward(grad)
         times.append((time.perf_counter() - start) * 1e3)
         torch.cuda.synchronize()
-    out = emb(indices, offsets)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        out.backward(grad)
-    torch.cuda.synchronize()
-    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
-    return {
-        "host_ms_median": statistics.median(times),
-        "ops": [{"name": e.key[:100], "self_cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in ops],
-    }
+    return statistics.median(times)
 
 
-def fbgemm_breakdown(optimizer, rows, T, D, indices, offsets, grad):
-    """FBGEMM's kernels on the same batch, for comparison ([] when fbgemm_gpu is absent)."""
-    try:
-        from tbe_plugin.benchmarks.common import fbgemm_api
-
-        api = fbgemm_api()
-        emb = api.SplitTableBatchedEmbeddingBagsCodegen(
-            [(rows, D, api.EmbeddingLocation.DEVICE, api.ComputeDevice.CUDA)] * T,
-            optimizer=api.EmbOptimType[optimizer],
-        )
-    except Exception as error:  # noqa: BLE001 - reported, not fatal
-        return [{"error": f"{type(error).__name__}: {error}"[:200]}]
-    entry = kernel_breakdown(emb, indices, offsets, grad)
-    entry.append({"name": "bwd median ms", "cuda_ms": time_backward(emb, indices, offsets, grad)})
+def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_fbgemm: bool) -> dict:
+    device = torch.device("cuda")
+    batch = generate_batches(cfg, 1, device)[0][0]
+    ours = build_module("ours", cfg, optimizer, device)
+    out = lookup(ours, batch)
+    grad = torch.randn(out.shape, device=device, generator=torch.Generator(device).manual_seed(0))
+    del out
+    entry = {"config": cfg.name, "optimizer": optimizer, "lookups": batch.indices.numel(),
+             "kernels": kernel_breakdown(ours, batch, grad), "host_ms": host_ms(ours, batch, grad),
+             "candidates": {}}  # fmt: skip
+    if with_fbgemm:
+        try:
+            fbgemm = build_module("fbgemm", cfg, optimizer, device)
+            entry["fbgemm_kernels"] = kernel_breakdown(fbgemm, batch, grad)
+            entry["fbgemm_bwd_ms"] = time_backward(fbgemm, batch, grad, iters)
+            del fbgemm
+        except Exception as error:  # noqa: BLE001 - FBGEMM may reject a config; reported
+            entry["fbgemm_error"] = f"{type(error).__name__}: {error}"[:300]
+    block_d = block_d_of(ours)
+    for name in candidates:
+        launch = CANDIDATES[name](block_d)
+        ours.backward_launch = launch
+        try:
+            entry["candidates"][name] = {"launch": dataclasses.asdict(launch),
+                                         "bwd_ms": time_backward(ours, batch, grad, iters)}  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - a candidate that fails to compile is reported
+            entry["candidates"][name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+        print(cfg.name, optimizer, name, entry["candidates"][name].get("bwd_ms"), flush=True)
+    ours.backward_launch = None
+    del ours
+    torch.cuda.empty_cache()
     return entry
 
 
-def main():
+def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
-    parser.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD,ADAM")
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--no-fbgemm", action="store_true", help="skip FBGEMM's kernel breakdown")
-    parser.add_argument(
-        "--shapes", default="8192x20:uniform,8192x20:zipf",
-        help="BxL:ids items (ids uniform or zipf); e.g. 65536x20:uniform, 8192x100:uniform",
-    )  # fmt: skip
-    args = parser.parse_args()
+    parser.add_argument("--configs", default="b8192,zipf1.15,b65536,fbgemm-standard,l100,mixed-d,ctr-mix")
+    parser.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD")
+    parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--no-fbgemm", action="store_true", help="skip FBGEMM's breakdown and time")
+    args = parser.parse_args(argv)
+    silence_fbgemm_logging()
+    configs = {cfg.name: cfg for cfg in DEVICE_CONFIGS}
+    unknown = [name for name in args.configs.split(",") if name not in configs]
+    bad = [name for name in args.candidates.split(",") if name not in CANDIDATES]
+    if unknown or bad:
+        raise SystemExit(f"unknown configs {unknown} or candidates {bad}; configs: {', '.join(configs)}")
     os.makedirs(args.out, exist_ok=True)
-    T, D = 32, 128
-    report = []
-    for optimizer in args.optimizers.split(","):
-        for shape in args.shapes.split(","):
-            batch_len, ids = shape.split(":")
-            B, L = (int(x) for x in batch_len.split("x"))
-            zipf = ids == "zipf"
-            emb = TritonTableBatchedEmbeddingBags([(args.rows, D)] * T, optimizer=optimizer, device="cuda")
-            indices, offsets = make_batch(T, B, L, args.rows, zipf, "cuda")
-            grad = torch.randn(B, T * D, device="cuda")
-            fbgemm = [] if args.no_fbgemm else fbgemm_breakdown(optimizer, args.rows, T, D, indices, offsets, grad)
-            entry = {"optimizer": optimizer, "B": B, "L": L, "zipf": zipf, "candidates": [], "fbgemm_kernels": fbgemm,
-                     "kernels": kernel_breakdown(emb, indices, offsets, grad),
-                     "host": host_breakdown(emb, indices, offsets, grad) if B * L <= 16384 else None}  # fmt: skip
-            for overrides in CANDIDATES:
-                saved = {name: getattr(embedding_backward, name) for name in overrides}
-                for name, value in overrides.items():
-                    setattr(embedding_backward, name, value)
-                ms = time_backward(emb, indices, offsets, grad)
-                for name, value in saved.items():
-                    setattr(embedding_backward, name, value)
-                entry["candidates"].append({"overrides": overrides, "bwd_ms": ms})
-                print(optimizer, shape, overrides or "defaults", f"{ms:.3f} ms", flush=True)
-            report.append(entry)
-            del emb
-            torch.cuda.empty_cache()
+    report = {"git": git_state(), "entries": []}
+    for name in args.configs.split(","):
+        for optimizer in args.optimizers.split(","):
+            entry = profile_config(configs[name], optimizer, args.candidates.split(","), args.iters,
+                                   not args.no_fbgemm)  # fmt: skip
+            report["entries"].append(entry)
             with open(os.path.join(args.out, "profile_backward.json"), "w") as f:
                 json.dump(report, f, indent=1)
+    return report["entries"]
 
 
 if __name__ == "__main__":

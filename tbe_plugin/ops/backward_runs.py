@@ -1,19 +1,25 @@
-"""The backward's per-run kernels: each row's run of sorted ids summed and the optimizer
-applied to the row (steps 3 to 5 of ``embedding_backward``, which launches them).
+"""The backward's per-run kernels: each row's run of sorted ids summed, and the optimizer
+applied once per distinct row (steps 3 to 5 of ``embedding_backward``, which launches them).
 
-- ``_chunk_kernel`` (segmented scan) and ``_chunk_walk_kernel`` (each run walked by its
-  first lane): fixed chunks of CHUNK sorted ids; the runs that start in the chunk and end
-  in it or in the next one are updated there. Longer runs (hot rows) are left alone: a
-  chunk inside one loads nothing but its sorted rows.
-- ``_segment_kernel``: per segment of SEGMENT sorted ids that a run enters from before, the
-  sum of that run's gradient rows in the segment; ``_block_kernel``: the same per block of
-  SPAN segments, from the segments' sums.
-- ``_crossing_kernel``: each longer run sums its ids to the end of its segment, then the
-  sums of the segments and blocks it enters, and updates its row.
+The sorted ids are cut into fixed chunks of CHUNK ids. A run (the ids of one row) is
 
-The sums take N / SEGMENT + N / (SEGMENT * SPAN) rows of BLOCK_D fp32. SEGMENT is the ids
-of one gather (STEP = 8192 / BLOCK_D) but at least MIN_SEGMENT_IDS (32): 8.5 bytes per id
-at D=128, 34 at D=256 and 68 at D=512 (was 136 there). Nothing else grows with the batch.
+- *contained* when it starts and ends in one chunk: ``_chunk_kernel`` sums it and updates
+  its row;
+- *crossing* otherwise. Each chunk whose last run goes on into the next chunk stores that
+  run's sum over the chunk (``chunk_sums[c]``, one fp32 row); ``_group_kernel`` sums those
+  of a group of FAN_IN chunks for the group's last run when it goes on past the group, and
+  again for groups of FAN_IN groups. ``_crossing_kernel`` takes each crossing run at the
+  chunk where it ends: its ids there, then the chunk sums, group sums and supergroup sums
+  it covers walking back (FAN_IN at a time, a fixed order), and updates its row.
+
+Work follows the data: every chunk gathers its CHUNK gradient rows in one round and
+reads and writes only the rows whose runs end in it; a run of n ids costs the crossing
+kernel about 2 + log_FAN_IN(n / CHUNK) rounds of loads, in one program, however hot the
+row; no program steps through another's runs. Sums go in a fixed order: results are
+bitwise the same every run. Memory: one fp32 row per chunk (4 * D / CHUNK bytes per id,
+16 at D=128 with 32-id chunks) and 1/FAN_IN of that per level above.
+
+Lives in ``tbe_plugin.ops``: imports Triton only.
 """
 
 import triton
@@ -26,7 +32,7 @@ from tbe_plugin.ops.optimizers import apply_update, load_row_state
 def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr):
     """Output-gradient rows starting at ``start`` [len(start), BLOCK_D] in fp32, times
     ``scale`` (row starts are multiples of ALIGN: written so, Triton reads them with
-    vector loads). Callers load ``start`` and ``scale`` early, with no dependence."""
+    vector loads)."""
     start = start // ALIGN * ALIGN
     col_mask = mask[:, None] & (cols[None, :] < dim[:, None])
     g = tl.load(grad_ptr + start[:, None] + cols[None, :], mask=col_mask, other=0.0).to(tl.float32)
@@ -36,59 +42,45 @@ def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.conste
 
 
 @triton.jit
-def _id_operands(grad_offset_ptr, scale_ptr, q, mask, SCALED: tl.constexpr):
-    """Output-gradient row start and factor of sorted ids ``q``."""
-    start = tl.load(grad_offset_ptr + q, mask=mask, other=0)
-    scale = tl.load(scale_ptr + q, mask=mask & SCALED, other=1.0)
-    return start, scale
+def _chunk_operands(
+    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, num_indices,
+    sentinel, SCALED: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
+    """The sorted arrays of ids ``q`` (no load depends on another): rows, gradient-row
+    starts and factors, weight-row starts (multiples of ALIGN) and D."""
+    in_range = q < num_indices
+    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
+    start = tl.load(sorted_grad_offset_ptr + q, mask=in_range, other=0)
+    scale = tl.load(sorted_scale_ptr + q, mask=in_range & SCALED, other=1.0)
+    w_start = tl.load(sorted_w_start_ptr + q, mask=in_range, other=0) // ALIGN * ALIGN
+    dim = tl.load(sorted_dim_ptr + q, mask=in_range, other=0)
+    return row, start, scale, w_start, dim
 
 
 @triton.jit
-def _row_operands(weights_ptr, w_start_ptr, dim_ptr, q, valid, cols, ALIGN: tl.constexpr):
-    """Row start (a multiple of ALIGN), D, column mask and weight pointers of sorted ids q."""
-    w_start = tl.load(w_start_ptr + q, mask=valid, other=0) // ALIGN * ALIGN
-    dim = tl.load(dim_ptr + q, mask=valid, other=0)
-    row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
-    return w_start, dim, row_mask, weights_ptr + w_start[:, None] + cols[None, :]
+def _prefetch_l2(ptrs, mask):
+    """Asks the L2 cache to fetch the lines of ``ptrs`` (PTX ``prefetch``; nothing is waited
+    for, no register is written). GPU only: the interpreter cannot run inline assembly."""
+    tl.inline_asm_elementwise(
+        "@$2 prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l,b", [ptrs, mask], dtype=tl.int32, is_pure=False,
+        pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
-def _add_ahead(run_sum, extends, grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-               q, row, num_indices, cols, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
-    """``run_sum`` with, on the lanes ``extends`` marks (a run that ends in the next chunk),
-    the summed gradient rows of ``row``'s ids in the next chunk (a prefix of it). Nothing
-    is loaded when no lane extends."""
-    if tl.max(extends.to(tl.int32), axis=0) > 0:
-        ahead = q + CHUNK
-        member = tl.load(sorted_rows_ptr + ahead, mask=ahead < num_indices, other=-1) == row
-        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, ahead, member, SCALED)
-        dim = tl.load(sorted_dim_ptr + ahead, mask=member, other=0)
-        total = tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
-        run_sum += tl.where(extends[:, None], total[None, :], 0.0)
-    return run_sum
-
-
-@triton.jit
-def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first, limit,
-             row, cols, SCALED: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
-    """The summed gradient rows of ``row``'s ids from sorted position ``first`` on, below
-    ``limit``: STEP ids gathered per step, in order, until one is not the row's. Also
-    whether the run ended before ``limit``."""
-    total = tl.zeros([cols.shape[0]], dtype=tl.float32)
-    pos = first
-    going_on = pos < limit
-    ended = limit < 0  # False, as a tensor
-    while going_on:
-        q = pos + tl.arange(0, STEP)
-        inside = q < limit
-        member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
-        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
-        dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
-        total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
-        pos += STEP
-        ended = tl.max((inside & ~member).to(tl.int32), axis=0) == 1
-        going_on = ~ended & (pos < limit)
-    return total, ended
+def _prefetch_sorted_arrays(
+    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, num_indices,
+    SCALED: tl.constexpr,
+):  # fmt: skip
+    """Prefetches into L2 the sorted arrays of ids ``q`` (a chunk some way ahead), so that
+    the program that reads them finds them there instead of waiting on device memory."""
+    inside = q < num_indices
+    _prefetch_l2(sorted_rows_ptr + q, inside)
+    _prefetch_l2(sorted_grad_offset_ptr + q, inside)
+    _prefetch_l2(sorted_w_start_ptr + q, inside)
+    _prefetch_l2(sorted_dim_ptr + q, inside)
+    if SCALED:
+        _prefetch_l2(sorted_scale_ptr + q, inside)
 
 
 @triton.jit
@@ -99,327 +91,195 @@ def _segmented_add(starts_a, sum_a, starts_b, sum_b):
 
 
 @triton.jit
-def _chunk_window(
-    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, c0, num_indices,
-    sentinel, SCALED: tl.constexpr, CHUNK: tl.constexpr, ALIGN: tl.constexpr,
-):  # fmt: skip
-    """The sorted arrays a chunk starting at ``c0`` reads (no load depends on another): its
-    rows and their neighbours, the rows at its edges, gradient-row starts and factors,
-    weight-row starts and D."""
-    q = c0 + tl.arange(0, CHUNK)
-    in_range = q < num_indices
-    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
-    prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
-    nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    before_first = tl.load(sorted_rows_ptr + c0 - 1, mask=(c0 > 0) & (c0 <= num_indices), other=-1)
-    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
-    start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
-    w_start = tl.load(sorted_w_start_ptr + q, mask=in_range, other=0) // ALIGN * ALIGN
-    dim = tl.load(sorted_dim_ptr + q, mask=in_range, other=0)
-    return row, prev, nxt, before_first, after_next, start, scale, w_start, dim
-
-
-@triton.jit
 def _chunk_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
-    step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
+    seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
-    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-    ALIGN: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
+    STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    """Updates the rows whose run of ids starts in this chunk of CHUNK sorted ids and ends
-    in it or in the next chunk (``_update_chunk``). A program per chunk: programs that
-    looped over chunks, reading the next one's sorted arrays while updating one, were
-    slower on the H200 (96 registers instead of 56; rowwise Adagrad, T=32, B=8192, L=20,
-    D=128: 3.87 ms against 3.05)."""
-    chunk = tl.program_id(0).to(tl.int64)
-    row, prev, nxt, before_first, after_next, start, scale, w_start, dim = _chunk_window(
-        sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-        chunk * CHUNK, num_indices, sentinel, SCALED, CHUNK, ALIGN,
-    )  # fmt: skip
-    _update_chunk(
-        grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
-        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
-        sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
-        SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN,
-    )  # fmt: skip
+    """Chunks of CHUNK sorted ids (``_update_chunk``): one a program (STAGES 0), or a fixed
+    grid of programs looping over chunks, software-pipelined STAGES deep, so that the
+    next chunks' gathers are in flight (asynchronous copies into shared memory, holding no
+    registers) while one chunk is summed and updated."""
+    if STAGES == 0:
+        _update_chunk(
+            grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+            weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps, beta1, beta2,
+            weight_decay, seed, num_indices, sentinel, tl.program_id(0).to(tl.int64),
+            SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, True, PREFETCH,
+        )  # fmt: skip
+    else:
+        num_chunks = (num_indices + CHUNK - 1) // CHUNK
+        first = tl.program_id(0).to(tl.int64)  # an int64 loop counter: positions may pass 2**31
+        for chunk in tl.range(first, num_chunks, tl.num_programs(0), num_stages=STAGES):
+            _update_chunk(
+                grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+                sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps,
+                beta1, beta2, weight_decay, seed, num_indices, sentinel, chunk,
+                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, False, PREFETCH,
+            )  # fmt: skip
 
 
 @triton.jit
 def _update_chunk(
-    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr,
-    momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices,
-    sentinel, chunk, row, prev, nxt, before_first, after_next, start, scale, w_start, dim,
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
+    seed, num_indices, sentinel, chunk,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
+    BARRIER: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    """One chunk's updates, from its sorted arrays (``_chunk_window``).
-
-    All the chunk's gradient rows are gathered at once and summed per piece (a maximal run
-    of one row inside the chunk) by a segmented scan down the chunk: the piece's sum lands
-    on its last lane, which applies the update. The gradient rows, weights and optimizer
-    state come in one round of loads; no run length puts a chain of loads behind them. A
-    run that ends in the next chunk has its ids there (a prefix of that chunk) gathered
-    at once.
-
-    Runs that go on past the next chunk are ``_crossing_kernel``'s: their ids here are not
-    gathered, and a chunk inside one (a hot row) loads nothing more than its sorted arrays.
-    """
+    """One chunk of CHUNK sorted ids: all its gradient rows gathered at once and summed per
+    piece (a maximal run of one row inside the chunk) by a segmented scan down the chunk
+    (a fixed tree, whatever the runs' lengths). A piece whose run starts and ends here
+    lands on its last lane, which updates the row; the last piece, when its run goes on
+    into the next chunk, is stored as the chunk's sum for ``_crossing_kernel``. The piece
+    of a run that entered from the previous chunk and ends here is left to that kernel."""
     lane = tl.arange(0, CHUNK)
     cols = tl.arange(0, BLOCK_D)
-    c0 = chunk * CHUNK
-    q = c0 + lane
-    valid = row != sentinel
-    first_row = tl.max(tl.where(lane == 0, row, -1), axis=0)
-    head = valid & (row != prev)  # the first id of its row's run
-    tail = valid & (row != nxt)  # the last
-    last = tl.max(tl.where(valid, q, -1), axis=0)
-    is_last = valid & (q == last)
-    last_row = tl.max(tl.where(is_last, row, -1), axis=0)
-    # The run at the chunk's start began before it unless its first id is here; the
-    # previous chunk or the crossing kernel owns it.
-    began_here = valid & ((row != first_row) | (before_first != first_row))
-    goes_on = is_last & ~tail  # the last piece's run goes on past the chunk
-    long_run = after_next == last_row  # ... and past the next chunk too
-    owned = began_here & ~(long_run & (row == last_row))  # runs this chunk sums
-    piece_end = (tail | is_last) & owned  # where a run's sum lands
-    extends = piece_end & goes_on
-    if tl.max(owned.to(tl.int32), axis=0) > 0:  # not inside a long run (a hot row)
-        row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
-        w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
-        w, m1, m2 = load_row_state(
-            w_ptrs, w_start, row, cols, row_mask, piece_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
-        )
-        g = _gather_gradients(grad_ptr, start, scale, owned, cols, dim, SCALED, ALIGN)
-        piece_start = (head | (q == c0)).to(tl.int32)
-        _, run_sum = tl.associative_scan(
-            (tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add
-        )
-        run_sum = _add_ahead(run_sum, extends, grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-                             sorted_scale_ptr, q, last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
-        apply_update(
-            run_sum, w, m1, m2, piece_end, row_mask, w_ptrs, w_start, row, cols, dim,
-            momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-            OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-        )  # fmt: skip
-
-
-@triton.jit
-def _chunk_walk_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-    sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
-    step_ptr, lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
-    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
-    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-    ALIGN: tl.constexpr,
-):  # fmt: skip
-    """``_chunk_kernel``'s work with each run summed by its first id's lane, one id per step
-    after the first two: for chunks of more than SCAN_MAX_IDS ids, where the scan is slower.
-
-    The common case issues its loads in two dependent rounds: first the sorted arrays
-    (rows, row starts, D, gradient rows and factors of ids q and q + 1), then the gradient
-    rows, weights and optimizer state together.
-    """
-    chunk = tl.program_id(0).to(tl.int64)
-    c0 = chunk * CHUNK
-    q = c0 + tl.arange(0, CHUNK)
-    cols = tl.arange(0, BLOCK_D)
-    in_range = q < num_indices
-    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
-    prev = tl.load(sorted_rows_ptr + q - 1, mask=in_range & (q > 0), other=-1)
+    q = chunk * CHUNK + lane
+    if PREFETCH > 0:
+        _prefetch_sorted_arrays(sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+                                sorted_scale_ptr, q + PREFETCH * CHUNK, num_indices, SCALED)  # fmt: skip
+    row, start, scale, w_start, dim = _chunk_operands(
+        sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
+        num_indices, sentinel, SCALED, ALIGN,
+    )  # fmt: skip
+    prev = tl.load(sorted_rows_ptr + q - 1, mask=(q < num_indices) & (q > 0), other=-1)
     nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    after_next = tl.load(sorted_rows_ptr + c0 + 2 * CHUNK, mask=c0 + 2 * CHUNK < num_indices, other=-1)
-    start0, scale0 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, in_range, SCALED)
-    start1, scale1 = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q + 1, q + 1 < num_indices, SCALED)
-    w_start, dim, row_mask, w_ptrs = _row_operands(
-        weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, q, in_range, cols, ALIGN
-    )
     valid = row != sentinel
-    head = valid & (row != prev)  # the first id of its row's run: its lane sums the run
-    tail = valid & (row != nxt)  # the last
-    last = tl.max(tl.where(valid, q, -1), axis=0)
-    last_row = tl.max(tl.where(valid & (q == last), row, -1), axis=0)
-    # Runs that start here, except one going on past the next chunk (the crossing kernel's).
-    owned = head & ~((row == last_row) & (after_next == last_row))
+    head = valid & (row != prev)
+    tail = valid & (row != nxt)
+    first_row = tl.max(tl.where(lane == 0, row, -1), axis=0)
+    entered = tl.max(tl.where((lane == 0) & valid & ~head, 1, 0), axis=0) > 0
+    contained_end = tail & ~(entered & (row == first_row))  # a run that starts and ends here
+    leaves = (lane == CHUNK - 1) & valid & ~tail  # the last piece's run goes on
+    row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
+    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
     w, m1, m2 = load_row_state(
-        w_ptrs, w_start, row, cols, row_mask, owned, momentum1_ptr, momentum2_ptr, OPTIMIZER
+        w_ptrs, w_start, row, cols, row_mask, contained_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
     )
-    # Each run's lane adds its ids' gradients in sorted order: the first two ids at once
-    # (most runs have one or two), then one id per step up to the chunk's end.
-    second = owned & (q + 1 <= last) & (nxt == row)
-    run_sum = _gather_gradients(grad_ptr, start0, scale0, owned, cols, dim, SCALED, ALIGN)
-    run_sum += _gather_gradients(grad_ptr, start1, scale1, second, cols, dim, SCALED, ALIGN)
-    pos = q + 2
-    active = second & (pos <= last)
-    active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-    while tl.max(active.to(tl.int32), axis=0) > 0:
-        start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, pos, active, SCALED)
-        run_sum += _gather_gradients(grad_ptr, start, scale, active, cols, dim, SCALED, ALIGN)
-        pos += 1
-        active &= pos <= last
-        active &= tl.load(sorted_rows_ptr + pos, mask=active, other=-1) == row
-    # A run that goes on into the next chunk (and ends there): its ids there, a prefix of
-    # that chunk, are added at once.
-    last_goes_on = tl.max(tl.where(valid & (q == last) & ~tail, 1, 0), axis=0) > 0
-    extends = owned & (row == last_row) & last_goes_on
-    run_sum = _add_ahead(run_sum, extends, grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-                         sorted_scale_ptr, q, last_row, num_indices, cols, SCALED, CHUNK, ALIGN)  # fmt: skip
+    g = _gather_gradients(grad_ptr, start, scale, valid, cols, dim, SCALED, ALIGN)
+    piece_start = (head | (lane == 0)).to(tl.int32)
+    _, run_sum = tl.associative_scan((tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add)
+    sum_ptrs = chunk_sums_ptr + chunk * BLOCK_D + 0 * lane[:, None] + cols[None, :]  # one row, the last lane's
+    tl.store(sum_ptrs, run_sum, mask=leaves[:, None])
+    if BARRIER:
+        # Rows held by several warps (row-wise state over a split row): every load lands
+        # before any warp stores.
+        tl.debug_barrier()
     apply_update(
-        run_sum, w, m1, m2, owned, row_mask, w_ptrs, w_start, row, cols, dim,
+        run_sum, w, m1, m2, contained_end, row_mask, w_ptrs, w_start, row, cols, dim,
         momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
         OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
 
 
 @triton.jit
-def _segment_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, segment_sums_ptr,
-    num_indices, sentinel, SCALED: tl.constexpr, BLOCK_D: tl.constexpr, SEGMENT: tl.constexpr, STEP: tl.constexpr,
-    ALIGN: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-):  # fmt: skip
-    """For each segment of SEGMENT sorted ids that a run enters (begun before it): the sum of
-    that run's gradient rows in the segment (a prefix of it, the ids being sorted), gathered
-    STEP ids at a time, for ``_block_kernel`` and ``_crossing_kernel``. SEGMENTS_PER_PROGRAM
-    segments per program, those a run enters one after another; the others (most, but in
-    hot rows) store nothing: no one reads them."""
-    segments = tl.program_id(0).to(tl.int64) * SEGMENTS_PER_PROGRAM + tl.arange(0, SEGMENTS_PER_PROGRAM)
-    s0 = segments * SEGMENT
-    exists = s0 < num_indices
-    rows = tl.load(sorted_rows_ptr + s0, mask=exists, other=sentinel)
-    before = tl.load(sorted_rows_ptr + s0 - 1, mask=exists & (s0 > 0), other=-1)
-    entered = (before == rows) & (rows != sentinel)
-    cols = tl.arange(0, BLOCK_D)
-    while tl.max(entered.to(tl.int32), axis=0) > 0:
-        segment = tl.min(tl.where(entered, segments, 1 << 62), axis=0)
-        entered &= segments != segment
-        row = tl.max(tl.where(segments == segment, rows, -1), axis=0)
-        total = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for k in tl.static_range(SEGMENT // STEP):
-            q = segment * SEGMENT + k * STEP + tl.arange(0, STEP)
-            inside = q < num_indices
-            member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
-            start, scale = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, q, member, SCALED)
-            dim = tl.load(sorted_dim_ptr + q, mask=member, other=0)
-            total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
-        tl.store(segment_sums_ptr + segment * BLOCK_D + cols, total)
+def _unit_last_rows(sorted_rows_ptr, units, unit_ids, num_indices, mask):
+    """The row of the last sorted id of each unit (a chunk or group of ``unit_ids`` ids)."""
+    last = tl.minimum((units + 1) * unit_ids, num_indices) - 1
+    return tl.load(sorted_rows_ptr + last, mask=mask, other=-1)
 
 
 @triton.jit
-def _sum_entered(sorted_rows_ptr, sums_ptr, first, count, stride, row, cols, SPAN: tl.constexpr):
-    """The sum of ``sums`` rows first, first + 1, ... (below ``count``) while the unit each
-    stands for (``stride`` sorted ids) starts inside ``row``'s run: SPAN rows per step.
-    Also whether the run ended before ``count`` (a unit past it starts another row)."""
-    span = tl.arange(0, SPAN)
-    total = tl.zeros([cols.shape[0]], dtype=tl.float32)
-    k0 = first
-    going_on = k0 < count
-    ended = count < 0  # False, as a tensor
-    while going_on:
-        ks = k0 + span
-        k_in = ks < count
-        member = k_in & (tl.load(sorted_rows_ptr + ks * stride, mask=k_in, other=-1) == row)
-        part = tl.load(sums_ptr + ks[:, None] * cols.shape[0] + cols[None, :], mask=member[:, None], other=0.0)
-        total += tl.sum(part, axis=0)
-        k0 += SPAN
-        ended = tl.max((k_in & ~member).to(tl.int32), axis=0) == 1
-        going_on = ~ended & (k0 < count)
-    return total, ended
+def _group_kernel(
+    sorted_rows_ptr, child_sums_ptr, group_sums_ptr, num_indices, unit_ids,
+    BLOCK_D: tl.constexpr, FAN_IN: tl.constexpr,
+):  # fmt: skip
+    """Group g of FAN_IN units (chunks, or groups of chunks) of ``unit_ids`` sorted ids each:
+    when the run holding the group's last id goes on past the group, the sum of the units'
+    sums of that run (the units whose last id is the run's: a suffix of the group, each
+    of which the run leaves, so each has its sum). Other groups store nothing."""
+    group = tl.program_id(0).to(tl.int64)
+    group_ids = unit_ids * FAN_IN
+    end = (group + 1) * group_ids
+    if end < num_indices:
+        row = tl.load(sorted_rows_ptr + end - 1)
+        if tl.load(sorted_rows_ptr + end) == row:
+            units = group * FAN_IN + tl.arange(0, FAN_IN)
+            member = _unit_last_rows(sorted_rows_ptr, units, unit_ids, num_indices, units >= 0) == row
+            cols = tl.arange(0, BLOCK_D)
+            sums = tl.load(child_sums_ptr + units[:, None] * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
+            tl.store(group_sums_ptr + group * BLOCK_D + cols, tl.sum(sums, axis=0))
 
 
 @triton.jit
-def _block_kernel(
-    sorted_rows_ptr, segment_sums_ptr, block_sums_ptr, num_indices, sentinel,
-    BLOCK_D: tl.constexpr, SEGMENT: tl.constexpr, SPAN: tl.constexpr,
-):  # fmt: skip
-    """For a block of SPAN segments that a run enters (begun before it): the sum of that
-    run's segment sums in the block (the segments it enters: a prefix of the block). Blocks
-    no run enters store nothing."""
-    block = tl.program_id(0).to(tl.int64)
-    first_segment = block * SPAN
-    num_segments = (num_indices + SEGMENT - 1) // SEGMENT
-    b0 = first_segment * SEGMENT
-    cols = tl.arange(0, BLOCK_D)
-    row = tl.load(sorted_rows_ptr + b0)
-    before = tl.load(sorted_rows_ptr + b0 - 1, mask=b0 > 0, other=-1)
-    if (before == row) & (row != sentinel):
-        count = tl.minimum(first_segment + SPAN, num_segments)
-        total, _ = _sum_entered(sorted_rows_ptr, segment_sums_ptr, first_segment, count, SEGMENT, row, cols, SPAN)
-        tl.store(block_sums_ptr + block * BLOCK_D + cols, total)
+def _suffix_sum(sorted_rows_ptr, sums_ptr, hi, lo, unit_ids, row, num_indices, cols, FAN_IN: tl.constexpr):
+    """The sum of ``sums[u]`` over the units u in [lo, hi] whose last id is ``row``'s (the
+    ids being sorted, a suffix ending at hi), and whether the run goes on before ``lo``."""
+    units = hi - tl.arange(0, FAN_IN)
+    inside = units >= lo
+    member = inside & (_unit_last_rows(sorted_rows_ptr, units, unit_ids, num_indices, inside) == row)
+    sums = tl.load(sums_ptr + units[:, None] * cols.shape[0] + cols[None, :], mask=member[:, None], other=0.0)
+    before = tl.load(sorted_rows_ptr + lo * unit_ids - 1, mask=lo > 0, other=-1)
+    return tl.sum(sums, axis=0), (lo > 0) & (before == row)
 
 
 @triton.jit
 def _crossing_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    weights_ptr, momentum1_ptr, momentum2_ptr, segment_sums_ptr, block_sums_ptr, step_ptr, lr, eps, beta1, beta2,
-    weight_decay, seed, num_indices, sentinel,
+    weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, group_sums_ptr, supergroup_sums_ptr, step_ptr,
+    lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
-    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPAN: tl.constexpr,
-    ALIGN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, SEGMENT: tl.constexpr, STEP: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
+    FAN_IN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr,
 ):  # fmt: skip
-    """Runs that begin in one chunk and go on past the next (CHUNKS_PER_PROGRAM chunks
-    looked at per program, most with none): sum each run's gradient rows up to the end of
-    its segment of SEGMENT ids (STEP at a time), then the sums of the segments it enters up
-    to the end of its block of SPAN segments (``_segment_kernel``), then the sums of the
-    blocks it enters (``_block_kernel``), SPAN at a time; then update its row. A run of n
-    ids takes about SEGMENT / STEP + 2 + n / (SEGMENT * SPAN * SPAN) steps."""
-    num_chunks = (num_indices + CHUNK - 1) // CHUNK
-    num_segments = (num_indices + SEGMENT - 1) // SEGMENT
-    num_blocks = (num_segments + SPAN - 1) // SPAN
-    chunks = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + tl.arange(0, CHUNKS_PER_PROGRAM)
-    exists = chunks < num_chunks
-    firsts = chunks * CHUNK
-    lasts = tl.minimum(firsts + CHUNK, num_indices) - 1
-    rows = tl.load(sorted_rows_ptr + lasts, mask=exists, other=sentinel)
-    before = tl.load(sorted_rows_ptr + firsts - 1, mask=exists & (firsts > 0), other=-1)
-    # The run holding the chunk's last id starts in the chunk and goes past the next one.
-    after_next = tl.load(
-        sorted_rows_ptr + firsts + 2 * CHUNK, mask=exists & (firsts + 2 * CHUNK < num_indices), other=-1
-    )
-    starts = exists & (rows != sentinel) & (before != rows) & (after_next == rows)
+    """Runs that began in an earlier chunk and end in one of this program's
+    CHUNKS_PER_PROGRAM chunks (at most one a chunk: the chunk's first run): the sum of the
+    run's ids in its last chunk, then of the chunk sums back to its group's start, the
+    group sums back to its supergroup's start, and the supergroup sums, FAN_IN a step,
+    back to the run's first chunk; then the row's update."""
     cols = tl.arange(0, BLOCK_D)
     lane = tl.arange(0, CHUNK)
     one = tl.arange(0, 1)
-    active = one >= 0
-    while tl.max(starts.to(tl.int32), axis=0) > 0:
-        chunk = tl.min(tl.where(starts, chunks, num_chunks), axis=0)
-        starts &= chunks != chunk
-        last = tl.minimum(chunk * CHUNK + CHUNK, num_indices) - 1
-        q = chunk * CHUNK + lane
-        chunk_rows = tl.load(sorted_rows_ptr + q, mask=q <= last, other=-1)
-        row = tl.max(tl.where(q == last, chunk_rows, -1), axis=0)
-        first = tl.min(tl.where(chunk_rows == row, q, last), axis=0)
-        # Its ids to the end of its segment, then the segments it enters to the end of their
-        # block, then the blocks it enters. Each stage runs only if the run goes on past the
-        # last one's end (most runs end in their segment: one gather).
-        segment = first // SEGMENT
-        total, ended = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-                                first, tl.minimum((segment + 1) * SEGMENT, num_indices), row, cols, SCALED, STEP,
-                                ALIGN)  # fmt: skip
-        if ~ended:
-            block = segment // SPAN
-            block_end = tl.minimum((block + 1) * SPAN, num_segments)
-            part, ended = _sum_entered(sorted_rows_ptr, segment_sums_ptr, segment + 1, block_end, SEGMENT, row, cols,
-                                       SPAN)  # fmt: skip
+    for k in tl.static_range(CHUNKS_PER_PROGRAM):
+        e = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + k
+        c0 = e * CHUNK
+        c1 = c0 + CHUNK
+        row = tl.load(sorted_rows_ptr + c0, mask=c0 < num_indices, other=sentinel)
+        before = tl.load(sorted_rows_ptr + c0 - 1, mask=(c0 > 0) & (c0 <= num_indices), other=-1)
+        after = tl.load(sorted_rows_ptr + c1, mask=c1 < num_indices, other=-1)
+        if (row == before) & (row != sentinel) & (after != row):
+            q = c0 + lane
+            rows, start, scale, _, dim = _chunk_operands(
+                sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
+                num_indices, sentinel, SCALED, ALIGN,
+            )  # fmt: skip
+            total = tl.sum(_gather_gradients(grad_ptr, start, scale, rows == row, cols, dim, SCALED, ALIGN), axis=0)
+            lo = (e - 1) // FAN_IN * FAN_IN
+            part, goes_on = _suffix_sum(sorted_rows_ptr, chunk_sums_ptr, e - 1, lo, CHUNK, row, num_indices, cols,
+                                        FAN_IN)  # fmt: skip
             total += part
-            if ~ended:
-                part, ended = _sum_entered(sorted_rows_ptr, block_sums_ptr, block + 1, num_blocks, SEGMENT * SPAN, row,
-                                           cols, SPAN)  # fmt: skip
+            if goes_on:
+                hi = lo // FAN_IN - 1
+                lo = hi // FAN_IN * FAN_IN
+                part, goes_on = _suffix_sum(sorted_rows_ptr, group_sums_ptr, hi, lo, CHUNK * FAN_IN, row,
+                                            num_indices, cols, FAN_IN)  # fmt: skip
                 total += part
-        # (Loaded before the sums, the row's state spilled registers at sm_90.)
-        w_start, dim, row_mask, w_ptrs = _row_operands(
-            weights_ptr, sorted_w_start_ptr, sorted_dim_ptr, last + one, active, cols, ALIGN
-        )
-        w, m1, m2 = load_row_state(
-            w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr, OPTIMIZER
-        )
-        # One row over all the program's warps: each element (and the row-wise state) is held
-        # by threads of several warps, and a warp that stored its update before another had
-        # loaded the row made that one update it again from the new values (a few hot rows a
-        # step, at random, on the H200). Every load lands before any warp stores.
-        tl.debug_barrier()
-        apply_update(
-            total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
-            momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-            OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-        )  # fmt: skip
+                hi = lo // FAN_IN - 1
+                while goes_on:
+                    lo = tl.maximum(hi - FAN_IN + 1, 0)
+                    part, goes_on = _suffix_sum(sorted_rows_ptr, supergroup_sums_ptr, hi, lo,
+                                                CHUNK * FAN_IN * FAN_IN, row, num_indices, cols, FAN_IN)  # fmt: skip
+                    total += part
+                    hi = lo - 1
+            w_start = tl.load(sorted_w_start_ptr + c0 + one) // ALIGN * ALIGN
+            dim = tl.load(sorted_dim_ptr + c0 + one)
+            active = one >= 0
+            row_mask = cols[None, :] < dim[:, None]
+            w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+            w, m1, m2 = load_row_state(
+                w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr, OPTIMIZER
+            )
+            # One row over all the program's warps: every load lands before any warp stores
+            # (else a warp could update the row again from another's new values).
+            tl.debug_barrier()
+            apply_update(
+                total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
+                momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+                OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+            )  # fmt: skip
+            tl.debug_barrier()  # the next chunk's run may hold the same warps' registers

@@ -9,20 +9,17 @@ No dense gradient is ever materialized. The backward of one batch:
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
    then lays the ids' operands out in sorted order, with each row's start in the weights.
-3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers its output-gradient
-   rows at once, sums them per run of one row with a segmented scan (a fixed tree: no
-   chain of loads however long the run) and applies the optimizer to every run that
-   starts in the chunk and ends in it or in the next one. Chunks of more than SCAN_MAX_IDS
-   ids use ``_chunk_walk_kernel`` (each run walked by its first lane), faster there.
-4. ``_segment_kernel``: per segment of SEGMENT sorted ids that a run enters from before, the
-   sum of that run's gradient rows in the segment; ``_block_kernel``: the same per block
-   of SPAN segments, from the segments' sums. All in parallel.
-5. ``_crossing_kernel``: each run longer than that (hot rows) sums its ids to the end of
-   its segment, then the sums of the segments and blocks it enters, SPAN at a time, and
-   applies the optimizer. A hot row never serializes a chunk, and its own sum takes about
-   SEGMENT / STEP + 2 + len / (SEGMENT * SPAN * SPAN) steps, in a fixed order. Memory
-   beyond the sorted operands: one fp32 row per segment and per block (8.5 bytes per id
-   at D=128, 34 at D=256, 68 at D=512).
+3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers its CHUNK
+   output-gradient rows at once and sums them per run with a segmented scan (a fixed
+   tree), updates every row whose run starts and ends in it, and stores the sum of its
+   last run when that run goes on into the next chunk.
+4. ``_group_kernel`` (twice): per group of FAN_IN chunks, and per group of FAN_IN groups,
+   the sum of the sums of the group's last run when it goes on past the group.
+5. ``_crossing_kernel``: each run spanning chunks, at the chunk where it ends: its ids
+   there, then the chunk, group and supergroup sums it covers, FAN_IN a step; then its
+   update. A run of n ids takes about 2 + log_FAN_IN(n / CHUNK) rounds of loads.
+   Memory beyond the sorted operands: one fp32 row per chunk, and 1/FAN_IN of that per
+   level above (16 bytes per id at D=128, 64 at D=512: chunks hold at least 32 ids).
 
 Steps 3 to 5 are in ``tbe_plugin.ops.backward_runs``. The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
@@ -31,19 +28,14 @@ aggregated gradient, as FBGEMM's exact optimizers do.
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
+import dataclasses
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.backward_runs import (
-    _block_kernel,
-    _chunk_kernel,
-    _chunk_walk_kernel,
-    _crossing_kernel,
-    _segment_kernel,
-)
+from tbe_plugin.ops.backward_runs import _chunk_kernel, _crossing_kernel, _group_kernel
 from tbe_plugin.ops.common import Pooling, new_status
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -155,42 +147,90 @@ def _psw_grad_kernel(
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
-# Ids per chunk times BLOCK_D, and warps: 512 elements over 2 warps (4 ids at D=128). Chunks
-# of up to SCAN_MAX_IDS ids sum their runs by a segmented scan (``_chunk_kernel``), larger
-# ones (smaller D) by walking (``_chunk_walk_kernel``). Backward of rowwise Adagrad on the
-# H200 (T=32, B=8192, L=20, D=128, E=1e6; ms, with the earlier per-chunk pieces for long
-# runs): scan 2.92 at 4 ids / 2 warps, walk 3.20; at 8 ids / 4 warps scan 3.80, walk 3.35;
-# 2 ids / 1 warp 3.81 against 2.97 (segments). The chunk kernels do not spill at sm_90.
-CHUNK_ELEMENTS = 512
-CHUNK_WARPS = 2
-SCAN_MAX_IDS = 4
-MIN_CHUNK = 2
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 4
-CROSSING_SPAN = 16  # segments per block, and segments' or blocks' sums added per step
-CROSSING_WARPS = 4  # spills 24-48 bytes at D=128, yet faster than 8 (H200: Zipf 3.62 ms against 4.11)
-SEGMENT_WARPS = 4  # 8 warps: 4.32 ms at Zipf against 3.79
-SEGMENTS_PER_PROGRAM = 1  # 4: Zipf 4.11 ms against 3.76, B=65536 26.3 against 25.7
-CROSSING_CHUNKS_PER_PROGRAM = 64  # chunks checked for a long run's start per program
-STEP_ELEMENTS = 8192  # gradient elements per gather of a long run (64 rows of D=128)
-# Segments of a long run's sums hold one gather, but at least this many ids, so that their
-# sums' memory (4 * D / ids bytes per lookup) stays bounded at large D. At D <= 256 (every
-# configuration timed on the H200) a segment is one gather; from D=512 on, several.
-MIN_SEGMENT_IDS = 32
 POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
-def chunk_launch_config(block_d: int) -> tuple:
-    """(ids per chunk, warps) of the update kernel: CHUNK_ELEMENTS per chunk over
-    CHUNK_WARPS, but at least MIN_CHUNK ids; a larger tile (rows wider than
-    CHUNK_ELEMENTS / MIN_CHUNK) gets a warp per 512 elements, up to 16."""
-    chunk = max(MIN_CHUNK, CHUNK_ELEMENTS // block_d)
-    if chunk * block_d <= CHUNK_ELEMENTS:
-        return chunk, CHUNK_WARPS
-    return chunk, min(16, chunk * block_d // 512)
+@dataclasses.dataclass(frozen=True)
+class RunsLaunch:
+    """Launch sizes of the per-run kernels (``backward_runs``); ``runs_launch`` picks them,
+    tests and profilers pass their own to ``backward_update``."""
+
+    chunk_ids: int
+    """Sorted ids per ``_chunk_kernel`` program (a power of two): its gather is
+    ``chunk_ids x BLOCK_D``; the chunk sums take 4 * BLOCK_D / chunk_ids bytes per id."""
+    chunk_warps: int
+    """Warps of a chunk program."""
+    fan_in: int
+    """Units per group (chunks per group, groups per supergroup), and sums the crossing
+    kernel adds per step (a power of two)."""
+    group_warps: int
+    """Warps of a ``_group_kernel`` program."""
+    crossing_chunks: int
+    """Chunks a ``_crossing_kernel`` program looks at (at most one crossing run ends in each)."""
+    crossing_warps: int
+    """Warps of a crossing program."""
+    chunk_stages: int = 0
+    """0: a ``_chunk_kernel`` program per chunk; n >= 1: a fixed grid of programs that loop
+    over the chunks, software-pipelined n stages deep (the next chunks' gathers copied
+    into shared memory while one is updated)."""
+    chunk_programs_per_sm: int = 2
+    """With ``chunk_stages`` >= 1: looping programs per multiprocessor."""
+    prefetch_chunks: int = 0
+    """> 0: each chunk program first asks L2 for the sorted arrays of the chunk this many
+    chunks ahead (GPU only; the interpreter ignores it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_ids", "fan_in"):
+            value = getattr(self, name)
+            if value < 2 or value & (value - 1):
+                raise ValueError(f"RunsLaunch.{name} must be a power of two >= 2, got {value}")
+        for name in ("chunk_warps", "group_warps", "crossing_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8, 16, 32):
+                raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 32, got {getattr(self, name)}")
+        if self.chunk_stages < 0 or self.chunk_programs_per_sm < 1:
+            raise ValueError(
+                f"RunsLaunch.chunk_stages must be >= 0 and RunsLaunch.chunk_programs_per_sm >= 1, got "
+                f"{self.chunk_stages} and {self.chunk_programs_per_sm}"
+            )
+        if self.crossing_chunks < 1:
+            raise ValueError(f"RunsLaunch.crossing_chunks must be >= 1, got {self.crossing_chunks}")
+
+
+# A chunk gathers CHUNK_ELEMENTS gradient elements (32 ids at D=128) but at least
+# MIN_CHUNK_IDS ids, so that the chunk sums stay at 4 * D / 32 bytes per id at large D;
+# ELEMENTS_PER_WARP of them per warp. Not yet timed on the H200.
+CHUNK_ELEMENTS = 4096
+MIN_CHUNK_IDS = 32
+ELEMENTS_PER_WARP = 256
+FAN_IN = 32
+GROUP_WARPS = 4
+CROSSING_CHUNKS = 4
+CROSSING_WARPS = 4
+
+
+def runs_launch(block_d: int) -> RunsLaunch:
+    """The default launch sizes for rows of at most ``block_d`` elements."""
+    chunk_ids = max(MIN_CHUNK_IDS, CHUNK_ELEMENTS // block_d)
+    warps = max(1, min(32, chunk_ids * block_d // ELEMENTS_PER_WARP))
+    return RunsLaunch(chunk_ids=chunk_ids, chunk_warps=warps, fan_in=FAN_IN, group_warps=GROUP_WARPS,
+                      crossing_chunks=CROSSING_CHUNKS, crossing_warps=CROSSING_WARPS)  # fmt: skip
+
+
+_MULTIPROCESSORS: dict = {}
+
+
+def _multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (4 for the CPU's interpreter)."""
+    key = str(device)
+    if key not in _MULTIPROCESSORS:
+        cuda = device.type == "cuda"
+        _MULTIPROCESSORS[key] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
+    return _MULTIPROCESSORS[key]
 
 
 _SCRATCH: dict = {}
@@ -203,17 +243,6 @@ def _scratch_status(device: torch.device) -> torch.Tensor:
     if key not in _SCRATCH:
         _SCRATCH[key] = new_status(device)
     return _SCRATCH[key]
-
-
-def long_run_step(block_d: int) -> int:
-    """Sorted ids per gather of a long run's sum (``_segment_kernel``, ``_crossing_kernel``)."""
-    return max(1, STEP_ELEMENTS // block_d)
-
-
-def segment_ids(block_d: int) -> int:
-    """Sorted ids per segment of the long runs' sums: a gather, at least MIN_SEGMENT_IDS
-    (a power of two, so a multiple of the gather)."""
-    return max(long_run_step(block_d), MIN_SEGMENT_IDS)
 
 
 def backward_update(
@@ -233,6 +262,7 @@ def backward_update(
     pooling: int,
     bounds_check: bool,
     args: OptimizerArgs,
+    launch: Optional[RunsLaunch] = None,
 ) -> Optional[torch.Tensor]:
     """Applies one optimizer step to every row the batch touched; returns the gradient
     of ``per_sample_weights`` when asked (computed from the weights before the step).
@@ -240,7 +270,8 @@ def backward_update(
     ``align``: a power of two dividing every table's D (``vector_alignment``): rows of the
     weights, the output gradient and element-wise state start at its multiples.
     ``momentum1``/``momentum2`` are laid out as the module keeps them: element-wise state
-    exactly like the flat weights, row-wise state one value per global row."""
+    exactly like the flat weights, row-wise state one value per global row. ``launch``:
+    the per-run kernels' sizes (``runs_launch(BLOCK_D)`` when None)."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
@@ -290,47 +321,55 @@ def backward_update(
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    chunk, chunk_warps = chunk_launch_config(block_d)
+    launch = launch or runs_launch(block_d)
+    chunk = launch.chunk_ids
+    fan_in = launch.fan_in
     num_chunks = triton.cdiv(N, chunk)
+    num_groups = triton.cdiv(num_chunks, fan_in)
+    num_supergroups = triton.cdiv(num_groups, fan_in)
+    # One fp32 row per chunk, group and supergroup; only those a crossing run leaves are written.
+    chunk_sums = torch.empty(num_chunks * block_d, dtype=torch.float32, device=device)
+    group_sums = torch.empty(num_groups * block_d, dtype=torch.float32, device=device)
+    supergroup_sums = torch.empty(num_supergroups * block_d, dtype=torch.float32, device=device)
     if step is None:
         step = rows  # never read: only Adam and LAMB take a step count
     m1 = momentum1 if momentum1 is not None else weights
     m2 = momentum2 if momentum2 is not None else weights
     hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
     modes = dict(
+        SCALED=scaled,
         OPTIMIZER=args.optimizer,
         WEIGHT_DECAY_MODE=args.weight_decay_mode,
         STOCHASTIC_ROUNDING=args.stochastic_rounding,
         CHUNK=chunk,
         BLOCK_D=block_d,
         ALIGN=align,
-        SCALED=scaled,
     )
     sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
-    chunk_kernel = _chunk_kernel if chunk <= SCAN_MAX_IDS else _chunk_walk_kernel
-    chunk_kernel[(num_chunks,)](
-        grad_output, *sorted_operands, weights, m1, m2, step, *hyper, N, sentinel,
-        num_warps=chunk_warps, **modes,
+    chunk_grid = num_chunks
+    if launch.chunk_stages:
+        chunk_grid = min(num_chunks, _multiprocessors(device) * launch.chunk_programs_per_sm)
+    _chunk_kernel[(chunk_grid,)](
+        grad_output, *sorted_operands, weights, m1, m2, chunk_sums, step, *hyper, N, sentinel,
+        STAGES=launch.chunk_stages, PREFETCH=launch.prefetch_chunks if device.type == "cuda" else 0,
+        num_warps=launch.chunk_warps, **modes,
     )  # fmt: skip
-    run_step = long_run_step(block_d)
-    segment = segment_ids(block_d)
-    num_segments = triton.cdiv(N, segment)
-    num_blocks = triton.cdiv(num_segments, CROSSING_SPAN)
-    segment_sums = torch.empty(num_segments * block_d, dtype=torch.float32, device=device)
-    block_sums = torch.empty(num_blocks * block_d, dtype=torch.float32, device=device)
-    _segment_kernel[(triton.cdiv(num_segments, SEGMENTS_PER_PROGRAM),)](
-        grad_output, sorted_rows, sorted_dim, sorted_grad_offset, sorted_scale, segment_sums, N, sentinel,
-        SCALED=scaled, BLOCK_D=block_d, SEGMENT=segment, STEP=run_step, ALIGN=align,
-        SEGMENTS_PER_PROGRAM=SEGMENTS_PER_PROGRAM,
-        num_warps=SEGMENT_WARPS,
-    )  # fmt: skip
-    _block_kernel[(num_blocks,)](
-        sorted_rows, segment_sums, block_sums, N, sentinel,
-        BLOCK_D=block_d, SEGMENT=segment, SPAN=CROSSING_SPAN, num_warps=CROSSING_WARPS,
-    )  # fmt: skip
-    _crossing_kernel[(triton.cdiv(num_chunks, CROSSING_CHUNKS_PER_PROGRAM),)](
-        grad_output, *sorted_operands, weights, m1, m2, segment_sums, block_sums, step, *hyper, N, sentinel,
-        SPAN=CROSSING_SPAN, CHUNKS_PER_PROGRAM=CROSSING_CHUNKS_PER_PROGRAM, SEGMENT=segment, STEP=run_step,
-        num_warps=CROSSING_WARPS, **modes,
-    )  # fmt: skip
+    # A run crossing into a group needs its chunks' sums summed; with all chunks in one
+    # group (or all groups in one supergroup) no run does, and the launch is skipped.
+    if num_chunks > fan_in:
+        _group_kernel[(num_groups,)](
+            sorted_rows, chunk_sums, group_sums, N, chunk, BLOCK_D=block_d, FAN_IN=fan_in,
+            num_warps=launch.group_warps,
+        )  # fmt: skip
+    if num_groups > fan_in:
+        _group_kernel[(num_supergroups,)](
+            sorted_rows, group_sums, supergroup_sums, N, chunk * fan_in, BLOCK_D=block_d, FAN_IN=fan_in,
+            num_warps=launch.group_warps,
+        )  # fmt: skip
+    if num_chunks > 1:
+        _crossing_kernel[(triton.cdiv(num_chunks, launch.crossing_chunks),)](
+            grad_output, *sorted_operands, weights, m1, m2, chunk_sums, group_sums, supergroup_sums, step, *hyper,
+            N, sentinel, FAN_IN=fan_in, CHUNKS_PER_PROGRAM=launch.crossing_chunks, num_warps=launch.crossing_warps,
+            **modes,
+        )  # fmt: skip
     return psw_grad

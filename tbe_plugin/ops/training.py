@@ -1,26 +1,29 @@
 """The training step as custom ops, so that ``torch.compile`` traces a model that trains.
 
-``tbe_plugin::tbe_lookup_train`` is the forward of a training step (the same kernels as
-``tbe_forward``); its registered autograd backward calls ``tbe_plugin::tbe_fused_update_live``,
-which applies the optimizer in place to the touched rows of the module's live tables and
-state (found by a handle, so that the backward may run after other batches' updates, as in
-eager). Eager training uses the cheaper ``autograd.Function`` in the module; both end in
-``fused_update``.
+- ``tbe_plugin::tbe_lookup_train``: the forward of a training step (the kernels of
+  ``tbe_forward``), functional: it returns the output and this call's bounds status.
+- ``tbe_plugin::tbe_fused_update``: ``fused_update``, the optimizer applied in place to the
+  rows a batch touched. It lists what it writes (weights, momentum1, momentum2, step,
+  rounding seed) in ``mutates_args``, so the compiler keeps it although nothing reads its
+  output, and orders every later reader of the tables after it.
+- ``training_lookup``: the autograd.Function joining them (forward: the lookup; backward:
+  the update), which the module calls under ``torch.compile``. Eager training uses the
+  module's own autograd.Function; both end in ``fused_update``.
 
-Every value that changes between steps is a tensor (learning rate, step count, rounding
-seed), so changing the learning rate never recompiles a graph or a kernel.
+Every value that changes between steps is a tensor (learning rate, hyper-parameters, step
+count, rounding seed), so changing the learning rate never recompiles a graph or a kernel.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
-import weakref
-from typing import Any, List, Optional, Tuple
+import inspect
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from tbe_plugin.ops.bounds import merge_status, warn_once
-from tbe_plugin.ops.common import STATUS_LEN, BoundsCheck, new_status
-from tbe_plugin.ops.embedding_backward import backward_update
+from tbe_plugin.ops.common import STATUS_LEN, new_status
+from tbe_plugin.ops.embedding_backward import RunsLaunch, backward_update
 from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
 from tbe_plugin.ops.optimizers import OptimizerArgs
 
@@ -47,9 +50,11 @@ def fused_update(
     weight_decay_mode: int,
     stochastic_rounding: bool,
     hyper: torch.Tensor,
+    launch: Optional[RunsLaunch] = None,
 ) -> torch.Tensor:
     """One optimizer step (step count and rounding seed advance first, as in FBGEMM);
-    returns the per-sample-weight gradient, empty unless ``psw_requires_grad``."""
+    returns the per-sample-weight gradient, empty unless ``psw_requires_grad``. ``launch``:
+    the backward kernels' sizes (their heuristic when None)."""
     if step is not None:
         step.add_(1)
     rounding_seed.add_(1)
@@ -67,77 +72,68 @@ def fused_update(
     )
     psw_grad = backward_update(
         grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows, align,
-        indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args,
+        indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args, launch,
     )  # fmt: skip
     return psw_grad if psw_grad is not None else grad_output.new_empty(0)
 
 
-# Live training state by handle: the compiled backward fetches the tables and optimizer
-# state here instead of saving them at the forward, because a pipeline may run other
-# batches' updates in between (staleness): saved tensors would fail autograd's version
-# check, and the update must see the live state anyway, as the eager path does.
-_LIVE_STATE: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+class UpdateConfig(NamedTuple):
+    """A module's fixed settings of ``fused_update`` (a compiled graph specializes on them)."""
+
+    max_dim: int
+    total_rows: int
+    align: int
+    pooling: int
+    bounds_check: bool
+    optimizer: int
+    weight_decay_mode: int
+    stochastic_rounding: bool
 
 
-def register_live_state(owner: Any) -> int:
-    """Registers ``owner`` (whose ``live_training_state()`` returns weights, momentum1,
-    momentum2, step, rounding seed) and returns its handle for ``tbe_lookup_train``."""
-    handle = id(owner)
-    _LIVE_STATE[handle] = owner
-    return handle
+class LookupConfig(NamedTuple):
+    """A module's fixed settings of the training forward (``launch_forward``'s)."""
+
+    dims: List[int]  # per feature
+    pooling: int
+    bounds_check: int  # a ``BoundsCheck`` mode
+    output_dtype: torch.dtype
+    align: int
 
 
-@torch.library.custom_op("tbe_plugin::tbe_fused_update_live", mutates_args=())
-def tbe_fused_update_live_op(
-    handle: int,
-    grad_output: torch.Tensor,
-    learning_rate: torch.Tensor,
-    feature_meta: torch.Tensor,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    per_sample_weights: Optional[torch.Tensor],
-    psw_requires_grad: bool,
-    max_dim: int,
-    total_rows: int,
-    align: int,
-    pooling: int,
-    bounds_check: bool,
-    optimizer: int,
-    weight_decay_mode: int,
-    stochastic_rounding: bool,
-    hyper: torch.Tensor,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``fused_update`` on the live state of ``handle``'s owner; returns the per-sample-
-    weight gradient and an empty gradient for the autograd placeholder. The tables' state
-    is not among the graph's tensors (the op mutates it unseen), so the placeholder's
-    gradient, a graph output, is what keeps the op from being dropped as unused."""
-    owner = _LIVE_STATE.get(handle)
-    if owner is None:
-        raise RuntimeError("tbe_plugin: the module of this compiled lookup no longer exists; nothing to update")
-    psw_grad = fused_update(
-        grad_output, *owner.live_training_state(), learning_rate, feature_meta, indices, offsets,
-        per_sample_weights, psw_requires_grad, max_dim, total_rows, align, pooling, bounds_check, optimizer,
-        weight_decay_mode, stochastic_rounding, hyper,
-    )  # fmt: skip
-    return psw_grad, grad_output.new_zeros(0, dtype=torch.float32)
+def _prototype_without(fn, parameter: str):
+    """A stand-in with ``fn``'s signature less ``parameter``, for schema inference: the op
+    registers ``fn`` itself (one signature to keep) and leaves that parameter at its default."""
+
+    def prototype(*args, **kwargs):
+        raise AssertionError("a prototype for schema inference, never called")
+
+    signature = inspect.signature(fn)
+    kept = [p for p in signature.parameters.values() if p.name != parameter]
+    prototype.__signature__ = signature.replace(parameters=kept)
+    return prototype
 
 
-@tbe_fused_update_live_op.register_fake
-def _(handle, grad_output, learning_rate, feature_meta, indices, offsets, per_sample_weights,
-      psw_requires_grad, *config):  # fmt: skip
-    psw = grad_output.new_empty((indices.shape[0],) if psw_requires_grad else (0,), dtype=torch.float32)
-    return psw, grad_output.new_empty(0, dtype=torch.float32)
+# What the update writes, declared to the compiler: it keeps the op for these writes (no
+# output of it need be read) and orders later readers of the tables after it.
+_UPDATE_WRITES = ("weights", "momentum1", "momentum2", "step", "rounding_seed")
+# ``launch`` (the kernels' sizes, not a schema type) stays at its heuristic under compile.
+tbe_fused_update_op = torch.library.custom_op(
+    "tbe_plugin::tbe_fused_update",
+    fused_update,
+    mutates_args=_UPDATE_WRITES,
+    schema=torch.library.infer_schema(_prototype_without(fused_update, "launch"), mutates_args=_UPDATE_WRITES),
+)
+
+
+@tbe_fused_update_op.register_fake
+def _(grad_output, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta, indices,
+      offsets, per_sample_weights, psw_requires_grad, *config):  # fmt: skip
+    return grad_output.new_empty((indices.shape[0],) if psw_requires_grad else (0,), dtype=torch.float32)
 
 
 @torch.library.custom_op("tbe_plugin::tbe_lookup_train", mutates_args=())
 def tbe_lookup_train_op(
-    placeholder: torch.Tensor,
     weights: torch.Tensor,
-    momentum1: Optional[torch.Tensor],
-    momentum2: Optional[torch.Tensor],
-    step: Optional[torch.Tensor],
-    rounding_seed: torch.Tensor,
-    learning_rate: torch.Tensor,
     feature_meta: torch.Tensor,
     indices: torch.Tensor,
     offsets: torch.Tensor,
@@ -147,20 +143,11 @@ def tbe_lookup_train_op(
     bounds_check: int,
     output_dtype: torch.dtype,
     align: int,
-    total_rows: int,
-    optimizer: int,
-    weight_decay_mode: int,
-    stochastic_rounding: bool,
-    hyper: torch.Tensor,
-    handle: int,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The forward of a training step; ``placeholder`` (an empty parameter) carries autograd.
-
-    Functional, as an op with an autograd formula must be: it returns this call's bounds
-    status beside the output (FATAL has already raised); ``merge_bounds_status`` folds it
-    into the module's persistent one, where WARNING warns once. ``handle`` names the live
-    state its backward updates (``register_live_state``, ``tbe_fused_update_live``).
-    """
+    """The forward of a training step. Functional, so that it may sit in a differentiable
+    graph: it returns this call's bounds status beside the output (FATAL has already
+    raised); ``merge_bounds_status`` folds it into the module's persistent one, where
+    WARNING warns once."""
     status = new_status(weights.device)
     out = launch_forward(
         weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling,
@@ -170,8 +157,7 @@ def tbe_lookup_train_op(
 
 
 @tbe_lookup_train_op.register_fake
-def _(placeholder, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta,
-      indices, offsets, per_sample_weights, dims, pooling, bounds_check, output_dtype, *rest):  # fmt: skip
+def _(weights, feature_meta, indices, offsets, per_sample_weights, dims, pooling, bounds_check, output_dtype, align):
     out = weights.new_empty(output_shape(indices.shape[0], offsets.shape[0], dims, pooling), dtype=output_dtype)
     return out, weights.new_empty(STATUS_LEN, dtype=torch.int64)
 
@@ -188,34 +174,71 @@ def _(into, update, bounds_check):
     return None
 
 
-_PSW_INPUT = 10  # position of per_sample_weights among tbe_lookup_train's inputs
-_NUM_INPUTS = 22
+class _TrainingLookup(torch.autograd.Function):
+    """Forward: ``tbe_lookup_train``; backward: ``tbe_fused_update`` on the live tables.
+
+    The backward must update the tables as they are when it runs, not as they were at the
+    forward: a staleness pipeline runs other batches' updates in between (as eager allows).
+    So the tables, optimizer state, learning rate and hyper-parameters stay on ``ctx`` as
+    attributes: autograd checks the version of tensors given to ``save_for_backward`` (the
+    other updates would fail that check), not of attributes. Under ``torch.compile``,
+    Dynamo notes which tensors an autograd.Function keeps as attributes and AOTAutograd
+    saves those without the check (torch 2.11 and 2.13 do; an older torch, or a
+    ``register_autograd`` formula, which AOTAutograd traces alone, saves every tensor with
+    the check, and the pipeline's order fails with autograd's "modified by an inplace
+    operation"). AOTAutograd keeps a forward input's mutation in the backward graph when the
+    input does not require grad, as buffers do. With ``aot_eager`` the op writes copies that
+    are copied back; inductor re-inplaces it, so the kernels write the module's storage.
+    """
+
+    @staticmethod
+    def forward(ctx, placeholder, per_sample_weights, indices, offsets, feature_meta, weights, momentum1,
+                momentum2, step, rounding_seed, learning_rate, hyper, lookup, update):  # fmt: skip
+        out, status = torch.ops.tbe_plugin.tbe_lookup_train(
+            weights, feature_meta, indices, offsets, per_sample_weights, *lookup
+        )
+        ctx.mark_non_differentiable(status)
+        ctx.save_for_backward(indices, offsets, per_sample_weights, feature_meta)
+        ctx.weights, ctx.momentum1, ctx.momentum2, ctx.step = weights, momentum1, momentum2, step
+        ctx.rounding_seed, ctx.learning_rate, ctx.hyper = rounding_seed, learning_rate, hyper
+        ctx.update = update
+        return out, status
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_status):
+        indices, offsets, per_sample_weights, feature_meta = ctx.saved_tensors
+        psw_requires_grad = ctx.needs_input_grad[1]
+        psw_grad = torch.ops.tbe_plugin.tbe_fused_update(
+            grad_output.contiguous(), ctx.weights, ctx.momentum1, ctx.momentum2, ctx.step,
+            ctx.rounding_seed, ctx.learning_rate, feature_meta, indices, offsets, per_sample_weights,
+            psw_requires_grad, *ctx.update, ctx.hyper,
+        )  # fmt: skip
+        # The placeholder's gradient stays None, as in eager: the update is in the graph
+        # because it mutates its inputs, not through an output.
+        return (None, psw_grad if psw_requires_grad else None) + (None,) * 12
 
 
-def _setup_context(ctx, inputs, output):
-    (_, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta, indices,
-     offsets, per_sample_weights, dims, pooling, bounds_check, _, align, total_rows, optimizer,
-     weight_decay_mode, stochastic_rounding, hyper, handle) = inputs  # fmt: skip
-    # Not the weights or the optimizer state: the backward updates them live (by handle).
-    ctx.save_for_backward(learning_rate, feature_meta, indices, offsets, per_sample_weights, hyper)
-    check = bounds_check != BoundsCheck.NONE
-    ctx.config = (max(dims), total_rows, align, pooling, check, optimizer, weight_decay_mode,
-                  stochastic_rounding)  # fmt: skip
-    ctx.handle = handle
+def training_lookup(
+    placeholder: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    feature_meta: torch.Tensor,
+    state: Sequence[Optional[torch.Tensor]],
+    learning_rate: torch.Tensor,
+    hyper: torch.Tensor,
+    lookup: LookupConfig,
+    update: UpdateConfig,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The forward of a training step whose backward applies the optimizer in place.
 
-
-def _backward(ctx, grad_output, _grad_status):
-    learning_rate, feature_meta, indices, offsets, per_sample_weights, hyper = ctx.saved_tensors
-    psw_requires_grad = ctx.needs_input_grad[_PSW_INPUT]
-    psw_grad, placeholder_grad = torch.ops.tbe_plugin.tbe_fused_update_live(
-        ctx.handle, grad_output.contiguous(), learning_rate, feature_meta, indices, offsets,
-        per_sample_weights, psw_requires_grad, *ctx.config, hyper,
+    ``placeholder``: an empty parameter that carries autograd (FBGEMM's scheme); ``state``:
+    (weights, momentum1, momentum2, step, rounding seed), the tensors the backward writes
+    (None where the optimizer has no such state); ``hyper``: eps, beta1, beta2, weight
+    decay (a float64 host tensor). Returns the output and this call's bounds status.
+    """
+    weights, momentum1, momentum2, step, rounding_seed = state
+    return _TrainingLookup.apply(
+        placeholder, per_sample_weights, indices, offsets, feature_meta, weights, momentum1, momentum2,
+        step, rounding_seed, learning_rate, hyper, lookup, update,
     )  # fmt: skip
-    grads = [None] * _NUM_INPUTS
-    grads[0] = placeholder_grad  # empty, as the placeholder: the update's link to the graph's outputs
-    if psw_requires_grad:
-        grads[_PSW_INPUT] = psw_grad
-    return tuple(grads)
-
-
-tbe_lookup_train_op.register_autograd(_backward, setup_context=_setup_context)

@@ -20,7 +20,8 @@ from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
-FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "block_sums_ptr", "segment_sums_ptr", "out_ptr",
+FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "chunk_sums_ptr", "group_sums_ptr",
+                  "supergroup_sums_ptr", "child_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
 INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr")
 
@@ -57,7 +58,6 @@ def pointer_alignment(fn, constexprs):
 
 def stack_bytes(kernel) -> int:
     """Per-thread local memory (spills) from the cubin's resource usage."""
-    import re
     import subprocess
     import tempfile
 
@@ -67,9 +67,30 @@ def stack_bytes(kernel) -> int:
         f.write(kernel.asm["cubin"])
         f.flush()
         tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    match = re.search(r"STACK:(\d+)", usage)
-    return int(match.group(1)) if match else -1
+        result = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"cuobjdump -res-usage exited {result.returncode}: {result.stderr[-500:]}")
+    return parse_stack_bytes(result.stdout)
+
+
+def parse_stack_bytes(report: str) -> int:
+    """The largest per-thread stack (where spills go) among the functions of a
+    ``cuobjdump -res-usage`` report, whose lines read ``Function NAME:`` and then
+    ``REG:56 STACK:24 SHARED:0 LOCAL:0 ...``. A report without a function, or a function
+    without a ``STACK`` count, raises ValueError: an unreadable report must fail the spill
+    check, not pass it as "no spills"."""
+    import re
+
+    functions = re.findall(r"^\s*Function ([^\s:]+):[ \t]*\n(.*)$", report, flags=re.MULTILINE)
+    if not functions:
+        raise ValueError(f"no 'Function NAME:' in cuobjdump's resource report: {report[:500]!r}")
+    stacks = []
+    for name, usage in functions:
+        match = re.search(r"\bSTACK:(\d+)\b", usage)
+        if match is None:
+            raise ValueError(f"no STACK:<bytes> for function {name} in cuobjdump's resource report: {usage[:500]!r}")
+        stacks.append(int(match.group(1)))
+    return max(stacks)
 
 
 def variants():
@@ -87,28 +108,20 @@ def variants():
             WEIGHTED=False, CHECK=True, ALIGN=4, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
         ), warps, weights, "*i32"
         rounding = weights != "*fp32"
-        for block_d in (32, 128, 512):
-            chunk, chunk_warps = backward.chunk_launch_config(block_d)
-            chunk_kernel = backward._chunk_kernel if chunk <= backward.SCAN_MAX_IDS else backward._chunk_walk_kernel
-            step = backward.long_run_step(block_d)
-            segment = backward.segment_ids(block_d)
+        for block_d in (16, 32, 128, 256, 512):
+            launch = backward.runs_launch(block_d)
             for optimizer in range(6):
-                yield chunk_kernel, dict(
+                modes = dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
-                    STOCHASTIC_ROUNDING=rounding, CHUNK=chunk, BLOCK_D=block_d, ALIGN=4,
-                ), chunk_warps, weights, "*i32"  # fmt: skip
+                    STOCHASTIC_ROUNDING=rounding, CHUNK=launch.chunk_ids, BLOCK_D=block_d, ALIGN=4,
+                )  # fmt: skip
+                yield backward._chunk_kernel, dict(modes, STAGES=launch.chunk_stages, PREFETCH=launch.prefetch_chunks), launch.chunk_warps, \
+                    weights, "*i32"  # fmt: skip
                 yield backward._crossing_kernel, dict(
-                    SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0, STOCHASTIC_ROUNDING=rounding,
-                    CHUNK=chunk, BLOCK_D=block_d, SPAN=backward.CROSSING_SPAN, ALIGN=4,
-                    CHUNKS_PER_PROGRAM=backward.CROSSING_CHUNKS_PER_PROGRAM, SEGMENT=segment, STEP=step,
-                ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
-            yield backward._segment_kernel, dict(
-                SCALED=True, BLOCK_D=block_d, SEGMENT=segment, STEP=step, ALIGN=4,
-                SEGMENTS_PER_PROGRAM=backward.SEGMENTS_PER_PROGRAM,
-            ), backward.SEGMENT_WARPS, weights, "*i64"  # fmt: skip
-            yield backward._block_kernel, dict(
-                BLOCK_D=block_d, SEGMENT=segment, SPAN=backward.CROSSING_SPAN,
-            ), backward.CROSSING_WARPS, weights, "*i64"  # fmt: skip
+                    modes, FAN_IN=launch.fan_in, CHUNKS_PER_PROGRAM=launch.crossing_chunks,
+                ), launch.crossing_warps, weights, "*i64"  # fmt: skip
+            yield backward._group_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), launch.group_warps, \
+                weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)
     yield backward._positions_kernel, dict(

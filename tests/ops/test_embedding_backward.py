@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.ops.embedding_backward import RunsLaunch, runs_launch
 from tbe_plugin.ops.reference import aggregate_row_gradients, optimizer_step_reference
 from tests.helpers import make_bags
 
@@ -117,66 +118,63 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
-# SCAN_MAX_IDS 0: every chunk walks its runs (_chunk_walk_kernel); 64: every chunk scans.
-REDUCTIONS = pytest.mark.parametrize("scan_max_ids", [0, 64], ids=["walk", "scan"])
+def small_launch(chunk_ids, fan_in, crossing_chunks=1, warps=1, stages=0):
+    return RunsLaunch(chunk_ids=chunk_ids, chunk_warps=warps, fan_in=fan_in, group_warps=warps,
+                      crossing_chunks=crossing_chunks, crossing_warps=warps, chunk_stages=stages)  # fmt: skip
 
 
-@REDUCTIONS
 @pytest.mark.parametrize(
-    "span, per_program, step_ids, min_segment", [(16, 64, 64, 32), (2, 2, 4, 1), (4, 8, 2, 8), (2, 64, 1, 4)]
+    "chunk_ids, fan_in, crossing_chunks, stages, B",
+    [(2, 2, 1, 0, 24), (4, 2, 3, 0, 32), (2, 4, 2, 2, 24), (8, 2, 1, 0, 40), (32, 32, 4, 0, 40)],
 )
-def test_hot_rows_spanning_many_chunks(monkeypatch, span, per_program, step_ids, min_segment, scan_max_ids):
-    """One row in most lookups: its run crosses dozens of 16-id chunks (with small segments
-    and spans, it enters many segments and blocks, their sums added over many steps;
-    segments of several gathers where min_segment > step_ids; with 2 chunks per program,
-    the crossing kernel's programs meet runs that start in either chunk, or in neither)."""
-    from tbe_plugin.ops import embedding_backward
-
-    monkeypatch.setattr(embedding_backward, "SCAN_MAX_IDS", scan_max_ids)
-    monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
-    monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", per_program)
-    monkeypatch.setattr(embedding_backward, "STEP_ELEMENTS", step_ids * 32)  # BLOCK_D is 32
-    monkeypatch.setattr(embedding_backward, "MIN_SEGMENT_IDS", min_segment)
-    monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", 16 * 32)  # 16 ids at BLOCK_D 32
+def test_hot_rows_across_chunks_groups_and_supergroups(chunk_ids, fan_in, crossing_chunks, stages, B):
+    """One row in most lookups: with tiny chunks and fan-ins its run covers many chunks,
+    groups and supergroups (the crossing kernel's walk loops over supergroup sums), and
+    the other rows' runs start and end at every kind of edge; a crossing program meets
+    chunks where no run, or a run, ends; with stages, chunk programs loop over chunks."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=40, max_len=12, hot=0.9, lr=0.05)
+    emb.backward_launch = small_launch(chunk_ids, fan_in, crossing_chunks, stages=stages)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=B, max_len=12, hot=0.9, lr=0.05)
 
 
-@REDUCTIONS
-@pytest.mark.parametrize(
-    "chunk_ids, step_ids, span, min_segment", [(2, 1, 2, 1), (4, 64, 16, 32), (8, 2, 4, 8), (2, 4, 2, 1), (4, 1, 2, 4)]
-)
-def test_runs_across_chunk_edges(monkeypatch, chunk_ids, step_ids, span, min_segment, scan_max_ids):
-    """Tiny chunks against runs of every length: runs that end in the next chunk (summed
-    by the chunk where they start), longer ones (the crossing kernel), chunks inside one
-    run, runs starting at a chunk's first or last id, and (tiny segments and blocks) runs
-    starting or ending at a segment's or a block's edge."""
-    from tbe_plugin.ops import embedding_backward
-
-    monkeypatch.setattr(embedding_backward, "SCAN_MAX_IDS", scan_max_ids)
-    monkeypatch.setattr(embedding_backward, "CHUNK_ELEMENTS", chunk_ids * 32)  # BLOCK_D is 32
-    monkeypatch.setattr(embedding_backward, "CROSSING_CHUNKS_PER_PROGRAM", 4)
-    monkeypatch.setattr(embedding_backward, "STEP_ELEMENTS", step_ids * 32)
-    monkeypatch.setattr(embedding_backward, "MIN_SEGMENT_IDS", min_segment)
-    monkeypatch.setattr(embedding_backward, "CROSSING_SPAN", span)
+@pytest.mark.parametrize("chunk_ids, fan_in", [(2, 2), (4, 2), (8, 4)])
+def test_runs_across_chunk_edges(chunk_ids, fan_in):
+    """Tiny chunks against runs of every length (weighted MEAN: every id has its factor):
+    runs inside a chunk, runs that end in the next chunk or many chunks on, chunks inside
+    one run, runs starting or ending at a chunk's, group's or supergroup's edge."""
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
+    emb.backward_launch = small_launch(chunk_ids, fan_in, crossing_chunks=2)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, weighted=True, lr=0.05)
 
 
-def test_launch_sizes_depend_on_d_only():
-    """Chunks and segments are sized by D alone: no batch grows them (the only buffers past
-    the sorted operands are one fp32 row per segment and per block: 360 MB at B=65536,
-    L=20, T=32, D=128, against 10.7 GB for a piece per chunk)."""
-    from tbe_plugin.ops import embedding_backward
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_crossing_runs_every_optimizer(optimizer):
+    """Every optimizer's update from the crossing kernel (hot rows over tiny chunks) and
+    from the chunk kernel (the other rows)."""
+    emb = build(optimizer, learning_rate=0.05)
+    emb.backward_launch = small_launch(4, 2, crossing_chunks=2)
+    train_and_compare(emb, optimizer, steps=2, B=16, max_len=8, hot=0.7, lr=0.05)
 
-    assert embedding_backward.chunk_launch_config(128) == (4, 2)
-    assert embedding_backward.chunk_launch_config(32) == (16, 2)
-    assert embedding_backward.chunk_launch_config(1024) == (2, 4)
-    assert embedding_backward.long_run_step(128) == 64
-    assert embedding_backward.long_run_step(16384) == 1
-    # Segments: one gather up to D=256, at least 32 ids beyond (their sums: 4 * D / ids
-    # bytes a lookup, 64 at D=512 instead of 128).
-    assert [embedding_backward.segment_ids(d) for d in (128, 256, 512, 1024)] == [64, 32, 32, 32]
+
+def test_launch_sizes_depend_on_d_only():
+    """Chunks are sized by D alone, no batch grows them: 4096 gradient elements a chunk
+    but at least 32 ids (the chunk sums, 4 * D / ids bytes a lookup: 16 at D=128, 64 at
+    D=512), a warp per 1024 elements."""
+    assert runs_launch(128) == RunsLaunch(
+        chunk_ids=32, chunk_warps=16, fan_in=32, group_warps=4, crossing_chunks=4, crossing_warps=4
+    )
+    assert (runs_launch(16).chunk_ids, runs_launch(16).chunk_warps) == (256, 16)
+    assert (runs_launch(512).chunk_ids, runs_launch(512).chunk_warps) == (32, 32)
+    assert runs_launch(4096).chunk_warps == 32
+
+
+@pytest.mark.parametrize(
+    "field, value", [("chunk_ids", 3), ("chunk_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("crossing_chunks", 0)]
+)
+def test_bad_launch_sizes_raise_naming_the_field(field, value):
+    fields = dict(chunk_ids=4, chunk_warps=1, fan_in=2, group_warps=1, crossing_chunks=1, crossing_warps=1)
+    with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):
+        RunsLaunch(**{**fields, field: value})
 
 
 def test_per_sample_weight_gradient():
@@ -232,20 +230,25 @@ def test_state_dict_restores_training_exactly():
         assert torch.equal(restored.state_dict()[key], value), key
 
 
-def test_stochastic_rounding_is_unbiased_and_within_one_ulp():
-    emb = TritonTableBatchedEmbeddingBags([(1, 2048)], optimizer="EXACT_SGD", learning_rate=1.0,
-                                          weights_precision="FP16", stochastic_rounding=True,
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_stochastic_rounding_is_unbiased_and_within_one_ulp(dtype):
+    """Every element steps from 1.0 to exactly a quarter ulp above it (exact in fp32).
+    Round-to-nearest gives 1.0 everywhere, a quarter ulp low; stochastic rounding rounds
+    up with probability 1/4, so both neighbours appear and the mean is the exact value
+    within 4 standard errors (0.04 ulp over 64 rows of 32)."""
+    rows, D = 64, 32
+    emb = TritonTableBatchedEmbeddingBags([(rows, D)], optimizer="EXACT_SGD", learning_rate=1.0,
+                                          weights_precision=DTYPE_NAMES[dtype], stochastic_rounding=True,
                                           device="cpu")  # fmt: skip
     with torch.no_grad():
         emb.weights.fill_(1.0)
-    out = emb(torch.tensor([0]), torch.tensor([0, 1]))
-    delta = 1e-4  # a tenth of fp16's ulp at 1.0 (~9.8e-4)
-    out.backward(torch.full_like(out, -delta))
-    w = emb.weights.float()
-    exact = 1.0 + delta
-    ulp = 2.0**-10
-    assert ((w == 1.0) | (w == 1.0 + ulp)).all(), "rounds to one of the two neighbours"
-    assert abs(w.mean().item() - exact) < 0.25 * ulp, "unbiased on average"
+    out = emb(torch.arange(rows), torch.tensor([0, rows]))  # one bag, every row once
+    ulp = torch.finfo(dtype).eps  # the spacing above 1.0: 2**-10 (fp16), 2**-7 (bf16)
+    out.backward(torch.full_like(out, -ulp / 4))
+    w = emb.weights.double()
+    assert sorted(w.unique().tolist()) == [1.0, 1.0 + ulp], "both neighbours of the exact value, nothing else"
+    standard_error = ulp * (0.25 * 0.75 / w.numel()) ** 0.5
+    assert abs(w.mean().item() - (1.0 + ulp / 4)) < 4 * standard_error, "unbiased on average"
 
 
 @pytest.mark.parametrize(
@@ -261,22 +264,67 @@ def test_weight_decay_fbgemm_would_ignore_is_refused(optimizer, kwargs):
         TritonTableBatchedEmbeddingBags([(4, 8)], optimizer=optimizer, device="cpu", **kwargs)
 
 
+class SquaredLoss(torch.nn.Module):
+    """A model that trains an embedding module, for torch.compile."""
+
+    def __init__(self, emb):
+        super().__init__()
+        self.emb = emb
+
+    def forward(self, indices, offsets, psw=None):
+        return (self.emb(indices, offsets, psw) ** 2).sum()
+
+
+def test_compiled_update_declares_the_tensors_it_writes():
+    """The update op's schema marks the tables and optimizer state as written, nothing
+    else; the lookup op writes nothing."""
+
+    def written(op):
+        return {a.name for a in op.default._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+    assert written(torch.ops.tbe_plugin.tbe_fused_update) == {"weights", "momentum1", "momentum2", "step",
+                                                              "rounding_seed"}  # fmt: skip
+    assert written(torch.ops.tbe_plugin.tbe_lookup_train) == set()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_step_updates_the_module_tables(backend, monkeypatch):
+    """Nothing reads the update's output: the compiled graph keeps it for the writes it
+    declares. A learning rate set between a lookup and its backward is the one applied
+    (read live, as eager does). Inductor re-inplaces the update, so the kernels write the
+    module's own tables, no copy of them (aot_eager writes a copy and copies it back)."""
+    from tbe_plugin.ops import training
+
+    record, original = [], training.backward_update
+
+    def recording_update(grad_output, weights, momentum1, *args, **kwargs):
+        record.append((weights.data_ptr(), momentum1.data_ptr()))
+        return original(grad_output, weights, momentum1, *args, **kwargs)
+
+    monkeypatch.setattr(training, "backward_update", recording_update)
+    eager, compiled_emb = (build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05) for _ in range(2))
+    before = compiled_emb.weights.clone()
+    compiled = torch.compile(SquaredLoss(compiled_emb), fullgraph=True, backend=backend)
+    rows = [eager.table_rows[t] for t in eager.feature_table_map]
+    indices, offsets = make_bags(rows, B=4, max_len=5, seed=3)
+    for emb, model in ((eager, SquaredLoss(eager)), (compiled_emb, compiled)):
+        loss = model(indices, offsets)
+        emb.set_learning_rate(0.5)
+        loss.backward()
+    assert (compiled_emb.weights - before).abs().max() > 0.1
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(compiled_emb.state_dict()[key], value, atol=1e-6, rtol=1e-6, msg=key)
+    if backend == "inductor":
+        assert record[-1] == (compiled_emb.weights.data_ptr(), compiled_emb.momentum1.data_ptr())
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
 def test_compiled_training_matches_eager(backend, optimizer):
-    """torch.compile(fullgraph=True) of a model that trains: the registered op's autograd
-    runs the fused update; weights, states, step count and psw gradients equal eager's."""
-
-    class Model(torch.nn.Module):
-        def __init__(self, emb):
-            super().__init__()
-            self.emb = emb
-
-        def forward(self, indices, offsets, psw):
-            return (self.emb(indices, offsets, psw) ** 2).sum()
-
+    """torch.compile(fullgraph=True) of a model that trains: the backward of the training
+    lookup runs the fused update; weights, states, step count and psw gradients equal eager's."""
     eager, compiled_emb = (build(optimizer, learning_rate=0.05) for _ in range(2))
-    compiled = torch.compile(Model(compiled_emb), fullgraph=True, backend=backend)
+    compiled = torch.compile(SquaredLoss(compiled_emb), fullgraph=True, backend=backend)
     rows = [eager.table_rows[t] for t in eager.feature_table_map]
     indices, offsets = make_bags(rows, B=4, max_len=5, seed=200, hot_fraction=0.3)
     for step in range(3):
@@ -287,7 +335,7 @@ def test_compiled_training_matches_eager(backend, optimizer):
                 emb.update_hyper_parameters({"eps": 0.5, "beta1": 0.5})
         psw_a = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)).requires_grad_()
         psw_b = psw_a.detach().clone().requires_grad_()
-        Model(eager)(indices, offsets, psw_a).backward()
+        SquaredLoss(eager)(indices, offsets, psw_a).backward()
         # Learning rate, hyper-parameters, step count, rounding seed: runtime values, no recompile.
         with torch._dynamo.config.patch(error_on_recompile=step > 0):
             compiled(indices, offsets, psw_b).backward()
@@ -301,20 +349,11 @@ def test_compiled_backward_after_another_update(backend):
     """A pipeline's order: two compiled lookups, then their backwards. The second backward
     runs after the first one's update changed the tables (autograd's saved-tensor version
     check would refuse it were the tables saved) and updates the live tables, as eager does."""
-
-    class Model(torch.nn.Module):
-        def __init__(self, emb):
-            super().__init__()
-            self.emb = emb
-
-        def forward(self, indices, offsets):
-            return (self.emb(indices, offsets) ** 2).sum()
-
     eager, compiled_emb = (build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05) for _ in range(2))
-    compiled = torch.compile(Model(compiled_emb), fullgraph=True, backend=backend)
+    compiled = torch.compile(SquaredLoss(compiled_emb), fullgraph=True, backend=backend)
     rows = [eager.table_rows[t] for t in eager.feature_table_map]
     first, second = (make_bags(rows, B=4, max_len=5, seed=seed, hot_fraction=0.3) for seed in (1, 2))
-    losses = [Model(eager)(*first), Model(eager)(*second)]
+    losses = [SquaredLoss(eager)(*first), SquaredLoss(eager)(*second)]
     for loss in losses:
         loss.backward()
     compiled_losses = [compiled(*first), compiled(*second)]

@@ -14,10 +14,10 @@ from pathlib import Path
 def git_state() -> dict:
     """The commit the benchmark measures and whether the tree differs from it (``git status
     --porcelain``: modified and untracked files; build outputs are ignored by .gitignore)."""
-    if os.environ.get("TBE_GIT_COMMIT"):  # a copy of the tree without .git (the device): the caller says
-        changed = [p for p in os.environ.get("TBE_GIT_CHANGED", "").split(",") if p]
-        return {"git_commit": os.environ["TBE_GIT_COMMIT"], "git_dirty": bool(changed), "git_changed": changed[:40],
-                "git_source": "TBE_GIT_COMMIT / TBE_GIT_CHANGED set by the caller"}
+    if os.environ.get("TBE_PLUGIN_COMMIT"):  # a copy of the tree without .git (the device): the caller says
+        dirty = {"1": True, "0": False}.get(os.environ.get("TBE_PLUGIN_DIRTY", ""))
+        return {"git_commit": os.environ["TBE_PLUGIN_COMMIT"], "git_dirty": dirty,
+                "git_source": "TBE_PLUGIN_COMMIT / TBE_PLUGIN_DIRTY, set by the caller from its checkout"}
     root = Path(__file__).resolve().parents[2]
     try:
         def git(*command: str) -> str:

@@ -528,6 +528,11 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
         """The training forward as registered ops with autograd, for torch.compile: the
         backward updates these very tensors in place (``ops.training.training_lookup``)."""
+        if self.backward_launch is not None:  # the update op's schema has no place for it
+            raise NotImplementedError(
+                "backward_launch is not supported under torch.compile (the compiled backward uses "
+                "runs_launch's sizes); set it to None or train eagerly"
+            )
         max_dim, total_rows, align, pooling, check, optimizer, decay, rounding, hyper = self._training_config()
         out, status = training_lookup(
             self.placeholder_autograd_tensor, indices, offsets, per_sample_weights, self.feature_meta,

@@ -100,34 +100,34 @@ class LookupConfig(NamedTuple):
     align: int
 
 
-def _prototype_without(fn, parameter: str):
-    """A stand-in with ``fn``'s signature less ``parameter``, for schema inference: the op
-    registers ``fn`` itself (one signature to keep) and leaves that parameter at its default."""
-
-    def prototype(*args, **kwargs):
-        raise AssertionError("a prototype for schema inference, never called")
-
+def _without_parameter(fn, parameter: str):
+    """``fn`` less one keyword parameter, left at its default: an op's implementation, whose
+    schema is inferred from this signature (one signature to keep, ``fn``'s). It passes every
+    argument by name, so parameters after the one removed keep their meaning."""
     signature = inspect.signature(fn)
-    kept = [p for p in signature.parameters.values() if p.name != parameter]
-    prototype.__signature__ = signature.replace(parameters=kept)
-    return prototype
+    kept = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != parameter])
+
+    def without(*args, **kwargs):
+        return fn(**kept.bind(*args, **kwargs).arguments)
+
+    without.__signature__ = kept
+    without.__name__ = fn.__name__
+    return without
 
 
 # What the update writes, declared to the compiler: it keeps the op for these writes (no
-# output of it need be read) and orders later readers of the tables after it.
-_UPDATE_WRITES = ("weights", "momentum1", "momentum2", "step", "rounding_seed")
-# ``launch`` (the kernels' sizes, not a schema type) stays at its heuristic under compile.
+# output of it need be read) and orders later readers of the tables after it. ``launch``
+# (the kernels' sizes, not a schema type) stays at its heuristic under compile.
 tbe_fused_update_op = torch.library.custom_op(
     "tbe_plugin::tbe_fused_update",
-    fused_update,
-    mutates_args=_UPDATE_WRITES,
-    schema=torch.library.infer_schema(_prototype_without(fused_update, "launch"), mutates_args=_UPDATE_WRITES),
+    _without_parameter(fused_update, "launch"),
+    mutates_args=("weights", "momentum1", "momentum2", "step", "rounding_seed"),
 )
 
 
 @tbe_fused_update_op.register_fake
 def _(grad_output, weights, momentum1, momentum2, step, rounding_seed, learning_rate, feature_meta, indices,
-      offsets, per_sample_weights, psw_requires_grad, *config):  # fmt: skip
+      offsets, per_sample_weights, psw_requires_grad, *config, **options):  # fmt: skip
     return grad_output.new_empty((indices.shape[0],) if psw_requires_grad else (0,), dtype=torch.float32)
 
 
@@ -177,18 +177,18 @@ def _(into, update, bounds_check):
 class _TrainingLookup(torch.autograd.Function):
     """Forward: ``tbe_lookup_train``; backward: ``tbe_fused_update`` on the live tables.
 
-    The backward must update the tables as they are when it runs, not as they were at the
-    forward: a staleness pipeline runs other batches' updates in between (as eager allows).
-    So the tables, optimizer state, learning rate and hyper-parameters stay on ``ctx`` as
-    attributes: autograd checks the version of tensors given to ``save_for_backward`` (the
-    other updates would fail that check), not of attributes. Under ``torch.compile``,
-    Dynamo notes which tensors an autograd.Function keeps as attributes and AOTAutograd
-    saves those without the check (torch 2.11 and 2.13 do; an older torch, or a
-    ``register_autograd`` formula, which AOTAutograd traces alone, saves every tensor with
-    the check, and the pipeline's order fails with autograd's "modified by an inplace
-    operation"). AOTAutograd keeps a forward input's mutation in the backward graph when the
-    input does not require grad, as buffers do. With ``aot_eager`` the op writes copies that
-    are copied back; inductor re-inplaces it, so the kernels write the module's storage.
+    The backward updates the tables as they are when it runs: a staleness pipeline runs
+    other batches' updates between a lookup and its backward (eager allows that). So the
+    tables, optimizer state, learning rate and hyper-parameters are ``ctx`` attributes,
+    whose versions autograd does not check (``save_for_backward`` would refuse a tensor
+    that another update wrote). Under torch.compile, Dynamo records which tensors an
+    autograd.Function keeps as attributes and AOTAutograd saves those unchecked (torch 2.11
+    and 2.13, tested); a ``register_autograd`` formula is traced by AOTAutograd alone, which
+    checks every tensor it saves, so the pipeline's order fails there with "modified by an
+    inplace operation", as on a torch without that support. AOTAutograd keeps the backward's
+    writes to forward inputs in the graph because they do not require grad. ``aot_eager``
+    runs the op on copies and copies them back; inductor re-inplaces it, so the kernels
+    write the module's own storage.
     """
 
     @staticmethod

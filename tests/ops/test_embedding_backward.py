@@ -318,6 +318,14 @@ def test_compiled_step_updates_the_module_tables(backend, monkeypatch):
         assert record[-1] == (compiled_emb.weights.data_ptr(), compiled_emb.momentum1.data_ptr())
 
 
+def test_compiled_training_refuses_a_launch_it_would_ignore():
+    emb = build("EXACT_SGD")
+    emb.backward_launch = runs_launch(8)
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    with pytest.raises(Exception, match="backward_launch is not supported under torch.compile"):
+        torch.compile(SquaredLoss(emb), fullgraph=True, backend="aot_eager")(*make_bags(rows, B=2, max_len=3, seed=0))
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
 def test_compiled_training_matches_eager(backend, optimizer):

@@ -26,7 +26,7 @@ from tbe_plugin.ops.training import (
     training_lookup,
 )
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
-from tbe_plugin.ops.embedding_backward import RunsLaunch
+from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
@@ -255,11 +255,17 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         self.register_buffer(
             "weights_offsets", torch.tensor(weights_offsets, dtype=torch.int64, device=self.device)
         )
-        state_offsets = self._init_optimizer_state()
+        # Global rows (the backward's sort keys, and the index of row-wise optimizer state):
+        # tables numbered class by class of row tile (``ops.backward_launch``), so that each
+        # class's ids sort into one range and its kernels use its own tile.
+        row_bases, class_rows = class_first_rows(self.table_rows, self.table_dims)
+        self._row_classes: List[int] = [
+            value for pair in zip(row_classes(self.table_dims), class_rows[:-1]) for value in pair
+        ]
+        state_offsets = self._init_optimizer_state(row_bases)
 
         feature_dims = [self.table_dims[t] for t in self.feature_table_map]
         out_offsets = _exclusive_cumsum(feature_dims)
-        row_bases = _exclusive_cumsum(self.table_rows)
         meta = torch.zeros(len(feature_dims), META_COLS, dtype=torch.int64)
         for f, t in enumerate(self.feature_table_map):
             meta[f, META_WEIGHT_OFFSET] = weights_offsets[t]
@@ -278,7 +284,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         # Seed of stochastic rounding, advanced every step; a host tensor so that it is a
         # runtime value under torch.compile too (as is learning_rate_tensor).
         self.rounding_seed = torch.zeros((), dtype=torch.int64)
-        # Launch sizes of the backward's kernels (``ops.embedding_backward.RunsLaunch``); None:
+        # Launch sizes of the backward's kernels (``ops.backward_launch.RunsLaunch``); None:
         # their heuristic. Tests and profilers set another.
         self.backward_launch: Optional[RunsLaunch] = None
         # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
@@ -331,9 +337,10 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
                 f"{self.device.type} (supported: {', '.join(ok)}); UVM and caching are not implemented"
             )
 
-    def _init_optimizer_state(self) -> Dict[str, List[int]]:
+    def _init_optimizer_state(self, row_bases: List[int]) -> Dict[str, List[int]]:
         """Optimizer state in fp32, flat with per-table offsets, as the fused backward
-        updates it in place; returns those offsets (zeros for a state the optimizer lacks)."""
+        updates it in place (row-wise state by global row: ``row_bases``, element-wise
+        state like the weights); returns those offsets (zeros for a state the optimizer lacks)."""
         m1, m2, has_step = _OPTIMIZER_STATE[self.optimizer]
         offsets = {}
         for name, kind in (("momentum1", m1), ("momentum2", m2)):
@@ -341,7 +348,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
                 offsets[name] = [0] * len(self.table_rows)
                 continue
             per_table = [r if kind == "row" else r * d for r, d in zip(self.table_rows, self.table_dims)]
-            offsets[name] = _exclusive_cumsum(per_table)
+            offsets[name] = list(row_bases) if kind == "row" else _exclusive_cumsum(per_table)
             setattr(self, f"_{name}_offsets", offsets[name])
             self.register_buffer(name, torch.zeros(sum(per_table), dtype=torch.float32, device=self.device))
             self.register_buffer(
@@ -521,7 +528,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         psw_grad = fused_update(
             grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
             self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
-            psw_requires_grad, *self._training_config(), launch=self.backward_launch,
+            psw_requires_grad, *self._training_config(), launch=self.backward_launch, classes=self._row_classes,
         )  # fmt: skip
         return psw_grad if psw_requires_grad else None
 
@@ -539,6 +546,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             (self.weights, *self._state_tensors(), self.rounding_seed), self.learning_rate_tensor, hyper,
             LookupConfig(self.feature_dims, pooling, int(self.bounds_check_mode), self.output_dtype, align),
             UpdateConfig(max_dim, total_rows, align, pooling, check, optimizer, decay, rounding),
+            self._row_classes,
         )  # fmt: skip
         merge_bounds_status_op(self.bounds_check_status, status, int(self.bounds_check_mode))
         return out

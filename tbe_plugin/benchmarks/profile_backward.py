@@ -23,33 +23,31 @@ from tbe_plugin.benchmarks.backward import build_module, lookup
 from tbe_plugin.benchmarks.common import generate_batches, silence_fbgemm_logging
 from tbe_plugin.benchmarks.report import git_state
 from tbe_plugin.benchmarks.suite import DEVICE_CONFIGS
-from tbe_plugin.ops.embedding_backward import runs_launch
+from tbe_plugin.ops.backward_launch import runs_launch
 
 
-def _replace(**fields):
-    return lambda block_d: dataclasses.replace(runs_launch(block_d), **fields)
+def _launch(**fields):
+    return lambda: dataclasses.replace(runs_launch(), **fields)
 
 
-# Candidate launches by name: each maps the rows' BLOCK_D to a RunsLaunch.
+# Candidate launches by name (RunsLaunch values; the chunk sizes are per class of tile).
 CANDIDATES = {
     "default": runs_launch,
-    "chunk32w8": _replace(chunk_ids=32, chunk_warps=8),
-    "chunk16w4": _replace(chunk_ids=16, chunk_warps=4),
-    "chunk64w16": _replace(chunk_ids=64, chunk_warps=16),
-    "prefetch256": _replace(prefetch_chunks=256),
-    "stages2": _replace(chunk_stages=2, chunk_warps=8, chunk_programs_per_sm=1),
-    "crossing1": _replace(crossing_chunks=1),
-    "crossing16": _replace(crossing_chunks=16),
+    "chunk8": _launch(chunk_elements=1024),
+    "chunk8w4": _launch(chunk_elements=1024, chunk_warps=4),
+    "chunk2w1": _launch(chunk_elements=256, chunk_warps=1),
+    "chunk4w1": _launch(chunk_warps=1),
+    "halo": _launch(chunk_elements=1024, chunk_halo=True),
+    "loop16": _launch(chunk_programs_per_sm=16),
+    "segment128": _launch(segment_ids=128),
+    "loop_programs4": _launch(loop_programs_per_sm=4),
+    "loop_programs16": _launch(loop_programs_per_sm=16),
 }
 
 
 def _training_state(module) -> list[torch.Tensor]:
     """The tensors a step updates: weights and optimizer state."""
     return [module.weights] + [t for t in module._state_tensors() if t is not None]
-
-
-def block_d_of(module) -> int:
-    return max(16, 1 << (max(module.table_dims) - 1).bit_length())
 
 
 def time_backward(module, batch, grad, iters: int) -> float:
@@ -112,11 +110,10 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
             del fbgemm
         except Exception as error:  # noqa: BLE001 - FBGEMM may reject a config; reported
             entry["fbgemm_error"] = f"{type(error).__name__}: {error}"[:300]
-    block_d = block_d_of(ours)
     snapshot = [t.detach().clone() for t in _training_state(ours)]
     expected = None
     for name in candidates:
-        launch = CANDIDATES[name](block_d)
+        launch = CANDIDATES[name]()
         ours.backward_launch = launch
         try:
             # One step from the same state as every candidate: the same tables up to the
@@ -143,7 +140,7 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
-    parser.add_argument("--configs", default="b8192,zipf1.15,b65536,fbgemm-standard,ctr-mix")
+    parser.add_argument("--configs", default="b8192,zipf1.15,b65536,fbgemm-standard,ctr-mix,l100")
     parser.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD")
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--iters", type=int, default=10)

@@ -1,23 +1,31 @@
 """The backward's per-run kernels: each row's run of sorted ids summed, and the optimizer
-applied once per distinct row (steps 3 to 5 of ``embedding_backward``, which launches them).
+applied once per distinct row (steps 3 to 6 of ``embedding_backward``, which launches them).
 
-The sorted ids are cut into fixed chunks of CHUNK ids. A run (the ids of one row) is
+Every kernel works on one class of tables, those whose rows fit one BLOCK_D (a power of
+two): the classes' rows are numbered one class after another, so a class's sorted ids
+are one range ``[lo, hi)`` of positions (``class_pos``), and no table pays for a wider
+tile than its own. Positions are cut, from ``lo``, into chunks of CHUNK ids, and chunks
+into segments of SEGMENT ids (the same for every class, a multiple of every CHUNK, so
+that segment and group sums of all classes share one buffer, a slot each); a run (one
+row's ids) belongs to the chunk it starts in.
 
-- *contained* when it starts and ends in one chunk: ``_chunk_kernel`` sums it and updates
-  its row;
-- *crossing* otherwise. Each chunk whose last run goes on into the next chunk stores that
-  run's sum over the chunk (``chunk_sums[c]``, one fp32 row); ``_group_kernel`` sums those
-  of a group of FAN_IN chunks for the group's last run when it goes on past the group, and
-  again for groups of FAN_IN groups. ``_crossing_kernel`` takes each crossing run at the
-  chunk where it ends: its ids there, then the chunk sums, group sums and supergroup sums
-  it covers walking back (FAN_IN at a time, a fixed order), and updates its row.
+- ``_chunk_kernel``: a chunk and the HALO ids after it, gathered at once and summed per
+  run by a segmented scan (a fixed tree); every run that starts in the chunk and ends by
+  the halo's end is updated there. Most runs are. The chunk's last run, if it goes on
+  past the halo (a *long* run), is appended to the class's list of long runs instead
+  (a counter per class hands out the slots atomically: the list's order varies, each
+  run's work does not). Small programs of one or two warps: no barrier holds a warp for another's
+  loads (16-warp programs of 32 ids measured 2x slower than 4-warp ones of 16).
+- ``_segment_kernel``: for each segment that a long run enters, the sum of that run's ids
+  in it; ``_group_kernel``, twice: the same for groups of FAN_IN segments and groups of
+  FAN_IN groups, from the level below.
+- ``_long_run_kernel``: each long run, one program each: its ids to the end of its first
+  segment, then the sums of the segments, groups and supergroups it enters, FAN_IN a
+  step, in a fixed order; then its row's update. A run of n ids costs about
+  2 + log_FAN_IN(n / SEGMENT) rounds of loads, however hot the row.
 
-Work follows the data: every chunk gathers its CHUNK gradient rows in one round and
-reads and writes only the rows whose runs end in it; a run of n ids costs the crossing
-kernel about 2 + log_FAN_IN(n / CHUNK) rounds of loads, in one program, however hot the
-row; no program steps through another's runs. Sums go in a fixed order: results are
-bitwise the same every run. Memory: one fp32 row per chunk (4 * D / CHUNK bytes per id,
-16 at D=128 with 32-id chunks) and 1/FAN_IN of that per level above.
+The kernels but the chunk kernel loop over their work (a fixed grid: the class's share of
+the batch is known on the device only). Results are bitwise the same from run to run.
 
 Lives in ``tbe_plugin.ops``: imports Triton only.
 """
@@ -42,45 +50,26 @@ def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.conste
 
 
 @triton.jit
-def _chunk_operands(
-    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, num_indices,
-    sentinel, SCALED: tl.constexpr, ALIGN: tl.constexpr,
-):  # fmt: skip
-    """The sorted arrays of ids ``q`` (no load depends on another): rows, gradient-row
-    starts and factors, weight-row starts (multiples of ALIGN) and D."""
-    in_range = q < num_indices
-    row = tl.load(sorted_rows_ptr + q, mask=in_range, other=sentinel)
-    start = tl.load(sorted_grad_offset_ptr + q, mask=in_range, other=0)
-    scale = tl.load(sorted_scale_ptr + q, mask=in_range & SCALED, other=1.0)
-    w_start = tl.load(sorted_w_start_ptr + q, mask=in_range, other=0) // ALIGN * ALIGN
-    dim = tl.load(sorted_dim_ptr + q, mask=in_range, other=0)
-    return row, start, scale, w_start, dim
+def _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, sorted_dim_ptr, q, mask, SCALED: tl.constexpr):
+    """Gradient-row starts, factors and D of sorted ids ``q`` (independent loads)."""
+    start = tl.load(sorted_grad_offset_ptr + q, mask=mask, other=0)
+    scale = tl.load(sorted_scale_ptr + q, mask=mask & SCALED, other=1.0)
+    dim = tl.load(sorted_dim_ptr + q, mask=mask, other=0)
+    return start, scale, dim
 
 
 @triton.jit
-def _prefetch_l2(ptrs, mask):
-    """Asks the L2 cache to fetch the lines of ``ptrs`` (PTX ``prefetch``; nothing is waited
-    for, no register is written). GPU only: the interpreter cannot run inline assembly."""
-    tl.inline_asm_elementwise(
-        "@$2 prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l,b", [ptrs, mask], dtype=tl.int32, is_pure=False,
-        pack=1,
-    )  # fmt: skip
+def _class_range(class_pos_ptr, klass):
+    """Positions ``[lo, hi)`` of the class's sorted ids."""
+    return tl.load(class_pos_ptr + klass), tl.load(class_pos_ptr + klass + 1)
 
 
 @triton.jit
-def _prefetch_sorted_arrays(
-    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q, num_indices,
-    SCALED: tl.constexpr,
-):  # fmt: skip
-    """Prefetches into L2 the sorted arrays of ids ``q`` (a chunk some way ahead), so that
-    the program that reads them finds them there instead of waiting on device memory."""
-    inside = q < num_indices
-    _prefetch_l2(sorted_rows_ptr + q, inside)
-    _prefetch_l2(sorted_grad_offset_ptr + q, inside)
-    _prefetch_l2(sorted_w_start_ptr + q, inside)
-    _prefetch_l2(sorted_dim_ptr + q, inside)
-    if SCALED:
-        _prefetch_l2(sorted_scale_ptr + q, inside)
+def _list_base(long_count_ptr, klass):
+    """Where the class's long runs start in the shared list: after the earlier classes'
+    (whose chunk kernels ran before this class's, so their counts are final)."""
+    classes = tl.arange(0, 8)
+    return tl.sum(tl.load(long_count_ptr + classes, mask=classes < klass, other=0), axis=0)
 
 
 @triton.jit
@@ -91,195 +80,272 @@ def _segmented_add(starts_a, sum_a, starts_b, sum_b):
 
 
 @triton.jit
+def _update_row_state_and_weights(
+    g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr, lr,
+    eps, beta1, beta2, weight_decay, seed, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, BARRIER: tl.constexpr,
+):  # fmt: skip
+    """``apply_update``, after a barrier when rows may be spread over several warps (then
+    a warp that stored first would make another update the row again from new values)."""
+    if BARRIER:
+        tl.debug_barrier()
+    apply_update(
+        g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr,
+        lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+    )  # fmt: skip
+
+
+@triton.jit
 def _chunk_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
-    seed, num_indices, sentinel,
+    weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, class_pos_ptr, klass, step_ptr,
+    lr, eps, beta1, beta2, weight_decay, seed,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
-    STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    LOOP: tl.constexpr, BARRIER: tl.constexpr, HALO: tl.constexpr,
 ):  # fmt: skip
-    """Chunks of CHUNK sorted ids (``_update_chunk``): one a program (STAGES 0), or a fixed
-    grid of programs looping over chunks, software-pipelined STAGES deep, so that the
-    next chunks' gathers are in flight (asynchronous copies into shared memory, holding no
-    registers) while one chunk is summed and updated."""
-    if STAGES == 0:
-        _update_chunk(
-            grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-            weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps, beta1, beta2,
-            weight_decay, seed, num_indices, sentinel, tl.program_id(0).to(tl.int64),
-            SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, True, PREFETCH,
-        )  # fmt: skip
-    else:
-        num_chunks = (num_indices + CHUNK - 1) // CHUNK
-        first = tl.program_id(0).to(tl.int64)  # an int64 loop counter: positions may pass 2**31
-        for chunk in tl.range(first, num_chunks, tl.num_programs(0), num_stages=STAGES):
+    """The class's chunks, one a program (LOOP False; a program past the class's end does
+    nothing) or a fixed grid looping over them (``_update_chunk``)."""
+    lo, hi = _class_range(class_pos_ptr, klass)
+    if LOOP:
+        num_chunks = (hi - lo + CHUNK - 1) // CHUNK
+        for c in tl.range(tl.program_id(0).to(tl.int64), num_chunks, tl.num_programs(0)):
             _update_chunk(
                 grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-                sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps,
-                beta1, beta2, weight_decay, seed, num_indices, sentinel, chunk,
-                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, False, PREFETCH,
+                sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
+                step_ptr, lr, eps, beta1, beta2, weight_decay, seed, lo + c * CHUNK, lo, hi,
+                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
+            )  # fmt: skip
+    else:
+        c0 = lo + tl.program_id(0).to(tl.int64) * CHUNK
+        if c0 < hi:
+            _update_chunk(
+                grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+                sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
+                step_ptr, lr, eps, beta1, beta2, weight_decay, seed, c0, lo, hi,
+                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
             )  # fmt: skip
 
 
 @triton.jit
 def _update_chunk(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay,
-    seed, num_indices, sentinel, chunk,
+    weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass, step_ptr,
+    lr, eps, beta1, beta2, weight_decay, seed, c0, lo, hi,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
-    BARRIER: tl.constexpr, PREFETCH: tl.constexpr,
+    BARRIER: tl.constexpr, HALO: tl.constexpr,
 ):  # fmt: skip
-    """One chunk of CHUNK sorted ids: all its gradient rows gathered at once and summed per
-    piece (a maximal run of one row inside the chunk) by a segmented scan down the chunk
-    (a fixed tree, whatever the runs' lengths). A piece whose run starts and ends here
-    lands on its last lane, which updates the row; the last piece, when its run goes on
-    into the next chunk, is stored as the chunk's sum for ``_crossing_kernel``. The piece
-    of a run that entered from the previous chunk and ends here is left to that kernel."""
-    lane = tl.arange(0, CHUNK)
+    """The chunk at ``c0``: the runs that start in it (their first id, a head, in its
+    CHUNK lanes) and end by the end of the next CHUNK ids are summed by one segmented scan
+    and each lands on its last lane, which updates the row. The run the chunk enters with
+    is its predecessors'. A last run that goes on past those ids is listed as long, and
+    none of its ids is loaded here.
+
+    The next chunk's ids of a run that ends there come as a halo of CHUNK more lanes in
+    the scan (HALO = CHUNK), or (HALO 0) as a second gather summed onto the run's last lane
+    in the chunk, made only when such a run exists: half the tile, one more round."""
+    lane = tl.arange(0, CHUNK + HALO)
     cols = tl.arange(0, BLOCK_D)
-    q = chunk * CHUNK + lane
-    if PREFETCH > 0:
-        _prefetch_sorted_arrays(sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-                                sorted_scale_ptr, q + PREFETCH * CHUNK, num_indices, SCALED)  # fmt: skip
-    row, start, scale, w_start, dim = _chunk_operands(
-        sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
-        num_indices, sentinel, SCALED, ALIGN,
-    )  # fmt: skip
-    prev = tl.load(sorted_rows_ptr + q - 1, mask=(q < num_indices) & (q > 0), other=-1)
-    nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < num_indices, other=-1)
-    valid = row != sentinel
+    q = c0 + lane
+    valid = q < hi
+    row = tl.load(sorted_rows_ptr + q, mask=valid, other=-1)
+    prev = tl.load(sorted_rows_ptr + q - 1, mask=valid & (q > lo), other=-1)
+    nxt = tl.load(sorted_rows_ptr + q + 1, mask=q + 1 < hi, other=-1)
+    beyond = c0 + 2 * CHUNK
+    after = tl.load(sorted_rows_ptr + beyond, mask=beyond < hi, other=-1)
+    start, scale, dim = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, sorted_dim_ptr, q, valid, SCALED)
+    w_start = tl.load(sorted_w_start_ptr + q, mask=valid, other=0) // ALIGN * ALIGN
+    if HALO == 0:  # the next chunk's rows and operands, for a run that ends there
+        q_next = q + CHUNK
+        next_valid = q_next < hi
+        row_next = tl.load(sorted_rows_ptr + q_next, mask=next_valid, other=-1)
+        start_next, scale_next, dim_next = _id_operands(
+            sorted_grad_offset_ptr, sorted_scale_ptr, sorted_dim_ptr, q_next, next_valid, SCALED
+        )
     head = valid & (row != prev)
     tail = valid & (row != nxt)
-    first_row = tl.max(tl.where(lane == 0, row, -1), axis=0)
-    entered = tl.max(tl.where((lane == 0) & valid & ~head, 1, 0), axis=0) > 0
-    contained_end = tail & ~(entered & (row == first_row))  # a run that starts and ends here
-    leaves = (lane == CHUNK - 1) & valid & ~tail  # the last piece's run goes on
+    owned_head = head & (lane < CHUNK)
+    last_row = tl.max(tl.where(owned_head, row, -1), axis=0)  # the chunk's last run (-1: none starts here)
+    first_lane = tl.min(tl.where(owned_head, lane, CHUNK + HALO), axis=0)
+    is_long = (last_row >= 0) & (after == last_row)
+    owned = valid & (lane >= first_lane) & (row <= last_row) & ~(is_long & (row == last_row))
+    ends = owned & tail
+    if HALO == 0:
+        # The last lane's run goes on into the next chunk (and ends there: not long).
+        extends = tl.max(tl.where(owned & ~tail & (lane == CHUNK - 1), 1, 0), axis=0) > 0
+        ends = ends | (owned & (lane == CHUNK - 1))
     row_mask = valid[:, None] & (cols[None, :] < dim[:, None])
     w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
-    w, m1, m2 = load_row_state(
-        w_ptrs, w_start, row, cols, row_mask, contained_end, momentum1_ptr, momentum2_ptr, OPTIMIZER
-    )
-    g = _gather_gradients(grad_ptr, start, scale, valid, cols, dim, SCALED, ALIGN)
+    w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, ends, momentum1_ptr, momentum2_ptr, OPTIMIZER)
+    g = _gather_gradients(grad_ptr, start, scale, owned, cols, dim, SCALED, ALIGN)
     piece_start = (head | (lane == 0)).to(tl.int32)
-    _, run_sum = tl.associative_scan((tl.broadcast_to(piece_start[:, None], (CHUNK, BLOCK_D)), g), 0, _segmented_add)
-    sum_ptrs = chunk_sums_ptr + chunk * BLOCK_D + 0 * lane[:, None] + cols[None, :]  # one row, the last lane's
-    tl.store(sum_ptrs, run_sum, mask=leaves[:, None])
-    if BARRIER:
-        # Rows held by several warps (row-wise state over a split row): every load lands
-        # before any warp stores.
-        tl.debug_barrier()
-    apply_update(
-        run_sum, w, m1, m2, contained_end, row_mask, w_ptrs, w_start, row, cols, dim,
-        momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-        OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+    _, run_sum = tl.associative_scan(
+        (tl.broadcast_to(piece_start[:, None], (CHUNK + HALO, BLOCK_D)), g), 0, _segmented_add
+    )
+    if HALO == 0:
+        if extends:
+            member = row_next == last_row
+            ahead = _gather_gradients(grad_ptr, start_next, scale_next, member, cols, dim_next, SCALED, ALIGN)
+            run_sum += tl.where((lane == CHUNK - 1)[:, None], tl.sum(ahead, axis=0)[None, :], 0.0)
+    _update_row_state_and_weights(
+        run_sum, w, m1, m2, ends, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
+        step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        BARRIER,
     )  # fmt: skip
+    if is_long:
+        first = tl.min(tl.where(owned_head & (row == last_row), q, hi), axis=0)
+        slot = tl.atomic_add(long_count_ptr + klass, 1)
+        tl.store(long_runs_ptr + _list_base(long_count_ptr, klass) + slot, first)
 
 
 @triton.jit
-def _unit_last_rows(sorted_rows_ptr, units, unit_ids, num_indices, mask):
-    """The row of the last sorted id of each unit (a chunk or group of ``unit_ids`` ids)."""
-    last = tl.minimum((units + 1) * unit_ids, num_indices) - 1
-    return tl.load(sorted_rows_ptr + last, mask=mask, other=-1)
+def _enters_long(sorted_rows_ptr, b, lo, hi, CHUNK: tl.constexpr):
+    """The row at position ``b`` (a chunk edge), and whether its run entered from before
+    ``b`` as a long run: begun in an earlier chunk, it goes past the halo of the chunk it
+    started in (begun before ``b - CHUNK``: a halo is CHUNK ids; else past ``b + CHUNK``)."""
+    row = tl.load(sorted_rows_ptr + b, mask=b < hi, other=-1)
+    before = tl.load(sorted_rows_ptr + b - 1, mask=(b > lo) & (b < hi), other=-2)
+    early = tl.load(sorted_rows_ptr + b - CHUNK - 1, mask=(b - CHUNK - 1 >= lo) & (b < hi), other=-2)
+    late = tl.load(sorted_rows_ptr + b + CHUNK, mask=b + CHUNK < hi, other=-2)
+    return row, (row == before) & ((early == row) | (late == row))
+
+
+@triton.jit
+def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first, limit, row,
+             cols, SCALED: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """The summed gradient rows of ``row``'s ids from sorted position ``first`` on, below
+    ``limit``, STEP ids a gather, in order, until one is another row's."""
+    total = tl.zeros([cols.shape[0]], dtype=tl.float32)
+    pos = first
+    going_on = pos < limit
+    while going_on:
+        q = pos + tl.arange(0, STEP)
+        inside = q < limit
+        member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
+        start, scale, dim = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, sorted_dim_ptr, q, member, SCALED)
+        total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
+        pos += STEP
+        going_on = (tl.max((inside & ~member).to(tl.int32), axis=0) == 0) & (pos < limit)
+    return total
+
+
+@triton.jit
+def _segment_kernel(
+    grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, segment_sums_ptr,
+    class_pos_ptr, klass, slot_stride,
+    SCALED: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, SEGMENT: tl.constexpr, STEP: tl.constexpr,
+    ALIGN: tl.constexpr,
+):  # fmt: skip
+    """For each segment of the class that a long run enters: the sum of that run's ids in
+    it (a prefix of the segment), in the segment's slot (``b // SEGMENT + klass`` for a
+    segment at ``b``: distinct across classes). Segments no long run enters store nothing."""
+    lo, hi = _class_range(class_pos_ptr, klass)
+    cols = tl.arange(0, BLOCK_D)
+    num_segments = (hi - lo + SEGMENT - 1) // SEGMENT
+    for s in tl.range(tl.program_id(0).to(tl.int64) + 1, num_segments, tl.num_programs(0)):
+        b = lo + s * SEGMENT
+        row, long_run = _enters_long(sorted_rows_ptr, b, lo, hi, CHUNK)
+        if long_run:
+            total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, b,
+                             tl.minimum(b + SEGMENT, hi), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
+            tl.store(segment_sums_ptr + (b // SEGMENT + klass) * slot_stride + cols, total)
+
+
+@triton.jit
+def _unit_sums(sorted_rows_ptr, sums_ptr, units, count, unit_ids, lo, hi, row, klass, slot_stride, cols):
+    """The sum of the sums of units ``units`` (of ``unit_ids`` ids from ``lo``; those below
+    ``count``) whose first id is ``row``'s (the run enters them)."""
+    starts = lo + units * unit_ids
+    inside = (units < count) & (starts < hi)
+    member = inside & (tl.load(sorted_rows_ptr + starts, mask=inside, other=-1) == row)
+    slots = starts // unit_ids + klass
+    sums = tl.load(sums_ptr + slots[:, None] * slot_stride + cols[None, :], mask=member[:, None], other=0.0)
+    return tl.sum(sums, axis=0)
 
 
 @triton.jit
 def _group_kernel(
-    sorted_rows_ptr, child_sums_ptr, group_sums_ptr, num_indices, unit_ids,
-    BLOCK_D: tl.constexpr, FAN_IN: tl.constexpr,
+    sorted_rows_ptr, child_sums_ptr, group_sums_ptr, class_pos_ptr, klass, unit_ids, slot_stride,
+    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, FAN_IN: tl.constexpr,
 ):  # fmt: skip
-    """Group g of FAN_IN units (chunks, or groups of chunks) of ``unit_ids`` sorted ids each:
-    when the run holding the group's last id goes on past the group, the sum of the units'
-    sums of that run (the units whose last id is the run's: a suffix of the group, each
-    of which the run leaves, so each has its sum). Other groups store nothing."""
-    group = tl.program_id(0).to(tl.int64)
-    group_ids = unit_ids * FAN_IN
-    end = (group + 1) * group_ids
-    if end < num_indices:
-        row = tl.load(sorted_rows_ptr + end - 1)
-        if tl.load(sorted_rows_ptr + end) == row:
-            units = group * FAN_IN + tl.arange(0, FAN_IN)
-            member = _unit_last_rows(sorted_rows_ptr, units, unit_ids, num_indices, units >= 0) == row
-            cols = tl.arange(0, BLOCK_D)
-            sums = tl.load(child_sums_ptr + units[:, None] * BLOCK_D + cols[None, :], mask=member[:, None], other=0.0)
-            tl.store(group_sums_ptr + group * BLOCK_D + cols, tl.sum(sums, axis=0))
-
-
-@triton.jit
-def _suffix_sum(sorted_rows_ptr, sums_ptr, hi, lo, unit_ids, row, num_indices, cols, FAN_IN: tl.constexpr):
-    """The sum of ``sums[u]`` over the units u in [lo, hi] whose last id is ``row``'s (the
-    ids being sorted, a suffix ending at hi), and whether the run goes on before ``lo``."""
-    units = hi - tl.arange(0, FAN_IN)
-    inside = units >= lo
-    member = inside & (_unit_last_rows(sorted_rows_ptr, units, unit_ids, num_indices, inside) == row)
-    sums = tl.load(sums_ptr + units[:, None] * cols.shape[0] + cols[None, :], mask=member[:, None], other=0.0)
-    before = tl.load(sorted_rows_ptr + lo * unit_ids - 1, mask=lo > 0, other=-1)
-    return tl.sum(sums, axis=0), (lo > 0) & (before == row)
-
-
-@triton.jit
-def _crossing_kernel(
-    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    weights_ptr, momentum1_ptr, momentum2_ptr, chunk_sums_ptr, group_sums_ptr, supergroup_sums_ptr, step_ptr,
-    lr, eps, beta1, beta2, weight_decay, seed, num_indices, sentinel,
-    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
-    STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
-    FAN_IN: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr,
-):  # fmt: skip
-    """Runs that began in an earlier chunk and end in one of this program's
-    CHUNKS_PER_PROGRAM chunks (at most one a chunk: the chunk's first run): the sum of the
-    run's ids in its last chunk, then of the chunk sums back to its group's start, the
-    group sums back to its supergroup's start, and the supergroup sums, FAN_IN a step,
-    back to the run's first chunk; then the row's update."""
+    """For each group of FAN_IN units (segments, or groups of segments) of ``unit_ids`` ids
+    that a long run enters: the sum of the units' sums of that run (the units it enters,
+    a prefix of the group), in the group's slot. Other groups store nothing."""
+    lo, hi = _class_range(class_pos_ptr, klass)
     cols = tl.arange(0, BLOCK_D)
-    lane = tl.arange(0, CHUNK)
+    group_ids = unit_ids * FAN_IN
+    num_groups = (hi - lo + group_ids - 1) // group_ids
+    for g in tl.range(tl.program_id(0).to(tl.int64) + 1, num_groups, tl.num_programs(0)):
+        b = lo + g * group_ids
+        row, long_run = _enters_long(sorted_rows_ptr, b, lo, hi, CHUNK)
+        if long_run:
+            units = g * FAN_IN + tl.arange(0, FAN_IN)
+            total = _unit_sums(sorted_rows_ptr, child_sums_ptr, units, (g + 1) * FAN_IN, unit_ids, lo, hi, row, klass,
+                               slot_stride, cols)  # fmt: skip
+            tl.store(group_sums_ptr + (b // group_ids + klass) * slot_stride + cols, total)
+
+
+@triton.jit
+def _long_run_kernel(
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    weights_ptr, momentum1_ptr, momentum2_ptr, segment_sums_ptr, group_sums_ptr, supergroup_sums_ptr,
+    long_runs_ptr, long_count_ptr, class_pos_ptr, klass, slot_stride, step_ptr,
+    lr, eps, beta1, beta2, weight_decay, seed,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, SEGMENT: tl.constexpr,
+    STEP: tl.constexpr, FAN_IN: tl.constexpr,
+):  # fmt: skip
+    """The class's long runs, a program each in turn: the run's ids to the end of its first
+    segment, then the sums of the segments it enters to the end of their group, of the
+    groups to the end of their supergroup, and of the supergroups, FAN_IN a step; then
+    the row's update."""
+    lo, hi = _class_range(class_pos_ptr, klass)
+    cols = tl.arange(0, BLOCK_D)
     one = tl.arange(0, 1)
-    for k in tl.static_range(CHUNKS_PER_PROGRAM):
-        e = tl.program_id(0).to(tl.int64) * CHUNKS_PER_PROGRAM + k
-        c0 = e * CHUNK
-        c1 = c0 + CHUNK
-        row = tl.load(sorted_rows_ptr + c0, mask=c0 < num_indices, other=sentinel)
-        before = tl.load(sorted_rows_ptr + c0 - 1, mask=(c0 > 0) & (c0 <= num_indices), other=-1)
-        after = tl.load(sorted_rows_ptr + c1, mask=c1 < num_indices, other=-1)
-        if (row == before) & (row != sentinel) & (after != row):
-            q = c0 + lane
-            rows, start, scale, _, dim = _chunk_operands(
-                sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, q,
-                num_indices, sentinel, SCALED, ALIGN,
-            )  # fmt: skip
-            total = tl.sum(_gather_gradients(grad_ptr, start, scale, rows == row, cols, dim, SCALED, ALIGN), axis=0)
-            lo = (e - 1) // FAN_IN * FAN_IN
-            part, goes_on = _suffix_sum(sorted_rows_ptr, chunk_sums_ptr, e - 1, lo, CHUNK, row, num_indices, cols,
-                                        FAN_IN)  # fmt: skip
-            total += part
-            if goes_on:
-                hi = lo // FAN_IN - 1
-                lo = hi // FAN_IN * FAN_IN
-                part, goes_on = _suffix_sum(sorted_rows_ptr, group_sums_ptr, hi, lo, CHUNK * FAN_IN, row,
-                                            num_indices, cols, FAN_IN)  # fmt: skip
-                total += part
-                hi = lo // FAN_IN - 1
-                while goes_on:
-                    lo = tl.maximum(hi - FAN_IN + 1, 0)
-                    part, goes_on = _suffix_sum(sorted_rows_ptr, supergroup_sums_ptr, hi, lo,
-                                                CHUNK * FAN_IN * FAN_IN, row, num_indices, cols, FAN_IN)  # fmt: skip
-                    total += part
-                    hi = lo - 1
-            w_start = tl.load(sorted_w_start_ptr + c0 + one) // ALIGN * ALIGN
-            dim = tl.load(sorted_dim_ptr + c0 + one)
-            active = one >= 0
-            row_mask = cols[None, :] < dim[:, None]
-            w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
-            w, m1, m2 = load_row_state(
-                w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr, OPTIMIZER
-            )
-            # One row over all the program's warps: every load lands before any warp stores
-            # (else a warp could update the row again from another's new values).
-            tl.debug_barrier()
-            apply_update(
-                total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim,
-                momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
-                OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-            )  # fmt: skip
-            tl.debug_barrier()  # the next chunk's run may hold the same warps' registers
+    fan = tl.arange(0, FAN_IN)
+    group_ids = SEGMENT * FAN_IN
+    supergroup_ids = group_ids * FAN_IN
+    count = tl.load(long_count_ptr + klass)
+    base = _list_base(long_count_ptr, klass)
+    for i in tl.range(tl.program_id(0), count, tl.num_programs(0)):
+        first = tl.load(long_runs_ptr + base + i)
+        row = tl.load(sorted_rows_ptr + first)
+        segment = (first - lo) // SEGMENT
+        total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first,
+                         tl.minimum(lo + (segment + 1) * SEGMENT, hi), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
+        # The units a run enters after its first segment, level by level: each level's
+        # units up to the end of the next level's unit, while the run goes on.
+        nxt = segment + 1
+        group_end = (nxt // FAN_IN + 1) * FAN_IN
+        total += _unit_sums(sorted_rows_ptr, segment_sums_ptr, nxt + fan, group_end, SEGMENT, lo, hi, row, klass,
+                            slot_stride, cols)  # fmt: skip
+        edge = lo + group_end * SEGMENT
+        if tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row:
+            nxt = group_end // FAN_IN
+            supergroup_end = (nxt // FAN_IN + 1) * FAN_IN
+            total += _unit_sums(sorted_rows_ptr, group_sums_ptr, nxt + fan, supergroup_end, group_ids, lo, hi, row,
+                                klass, slot_stride, cols)  # fmt: skip
+            nxt = supergroup_end // FAN_IN
+            edge = lo + nxt * supergroup_ids
+            going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
+            while going_on:
+                total += _unit_sums(sorted_rows_ptr, supergroup_sums_ptr, nxt + fan, nxt + FAN_IN, supergroup_ids,
+                                    lo, hi, row, klass, slot_stride, cols)  # fmt: skip
+                nxt += FAN_IN
+                edge = lo + nxt * supergroup_ids
+                going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
+        w_start = tl.load(sorted_w_start_ptr + first + one) // ALIGN * ALIGN
+        dim = tl.load(sorted_dim_ptr + first + one)
+        active = one >= 0
+        row_mask = cols[None, :] < dim[:, None]
+        w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+        w, m1, m2 = load_row_state(w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr,
+                                   OPTIMIZER)  # fmt: skip
+        # One row over all the program's warps: every load lands before any warp stores.
+        _update_row_state_and_weights(
+            total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim, momentum1_ptr,
+            momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE,
+            STOCHASTIC_ROUNDING, True,
+        )  # fmt: skip
+        tl.debug_barrier()  # the next run's loads after this row's stores, in every warp

@@ -9,33 +9,33 @@ No dense gradient is ever materialized. The backward of one batch:
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
    then lays the ids' operands out in sorted order, with each row's start in the weights.
-3. ``_chunk_kernel``: fixed chunks of CHUNK sorted ids. Each gathers its CHUNK
-   output-gradient rows at once and sums them per run with a segmented scan (a fixed
-   tree), updates every row whose run starts and ends in it, and stores the sum of its
-   last run when that run goes on into the next chunk.
-4. ``_group_kernel`` (twice): per group of FAN_IN chunks, and per group of FAN_IN groups,
-   the sum of the sums of the group's last run when it goes on past the group.
-5. ``_crossing_kernel``: each run spanning chunks, at the chunk where it ends: its ids
-   there, then the chunk, group and supergroup sums it covers, FAN_IN a step; then its
-   update. A run of n ids takes about 2 + log_FAN_IN(n / CHUNK) rounds of loads.
-   Memory beyond the sorted operands: one fp32 row per chunk, and 1/FAN_IN of that per
-   level above (16 bytes per id at D=128, 64 at D=512: chunks hold at least 32 ids).
+3. ``torch.searchsorted``: where each class of tables (rows of one power-of-two tile,
+   numbered one class after another by the module) begins among the sorted ids.
+4. ``_chunk_kernel``, per class: chunks of CHUNK sorted ids, each with a halo of CHUNK
+   more, gathered at once and summed per run by a segmented scan; every run that starts
+   in the chunk and ends by the halo's end is updated there, a longer one is listed.
+5. ``_segment_kernel`` and ``_group_kernel`` (twice), per class: the sums of the long
+   runs over the segments (SEGMENT ids), groups and supergroups they enter.
+6. ``_long_run_kernel``, per class: each long run, a program each, adds its ids up to
+   its first segment's end and the sums it covers, FAN_IN a step, and updates its row.
+   Memory beyond the sorted operands: one fp32 row (of the widest tile) per segment,
+   and 1/FAN_IN of that per level above (8 bytes per id at D=128).
 
-Steps 3 to 5 are in ``tbe_plugin.ops.backward_runs``. The optimizer update itself
+Steps 4 to 6 are in ``tbe_plugin.ops.backward_runs``, their sizes in ``backward_launch``. The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
 aggregated gradient, as FBGEMM's exact optimizers do.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
-import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.backward_runs import _chunk_kernel, _crossing_kernel, _group_kernel
+from tbe_plugin.ops.backward_launch import MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
+from tbe_plugin.ops.backward_runs import _chunk_kernel, _group_kernel, _long_run_kernel, _segment_kernel
 from tbe_plugin.ops.common import Pooling, new_status
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -155,72 +155,6 @@ PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
-@dataclasses.dataclass(frozen=True)
-class RunsLaunch:
-    """Launch sizes of the per-run kernels (``backward_runs``); ``runs_launch`` picks them,
-    tests and profilers pass their own to ``backward_update``."""
-
-    chunk_ids: int
-    """Sorted ids per ``_chunk_kernel`` program (a power of two): its gather is
-    ``chunk_ids x BLOCK_D``; the chunk sums take 4 * BLOCK_D / chunk_ids bytes per id."""
-    chunk_warps: int
-    """Warps of a chunk program."""
-    fan_in: int
-    """Units per group (chunks per group, groups per supergroup), and sums the crossing
-    kernel adds per step (a power of two)."""
-    group_warps: int
-    """Warps of a ``_group_kernel`` program."""
-    crossing_chunks: int
-    """Chunks a ``_crossing_kernel`` program looks at (at most one crossing run ends in each)."""
-    crossing_warps: int
-    """Warps of a crossing program."""
-    chunk_stages: int = 0
-    """0: a ``_chunk_kernel`` program per chunk; n >= 1: a fixed grid of programs that loop
-    over the chunks, software-pipelined n stages deep (the next chunks' gathers copied
-    into shared memory while one is updated)."""
-    chunk_programs_per_sm: int = 2
-    """With ``chunk_stages`` >= 1: looping programs per multiprocessor."""
-    prefetch_chunks: int = 0
-    """> 0: each chunk program first asks L2 for the sorted arrays of the chunk this many
-    chunks ahead (GPU only; the interpreter ignores it)."""
-
-    def __post_init__(self) -> None:
-        for name in ("chunk_ids", "fan_in"):
-            value = getattr(self, name)
-            if value < 2 or value & (value - 1):
-                raise ValueError(f"RunsLaunch.{name} must be a power of two >= 2, got {value}")
-        for name in ("chunk_warps", "group_warps", "crossing_warps"):
-            if getattr(self, name) not in (1, 2, 4, 8, 16, 32):
-                raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 32, got {getattr(self, name)}")
-        if self.chunk_stages < 0 or self.chunk_programs_per_sm < 1:
-            raise ValueError(
-                f"RunsLaunch.chunk_stages must be >= 0 and RunsLaunch.chunk_programs_per_sm >= 1, got "
-                f"{self.chunk_stages} and {self.chunk_programs_per_sm}"
-            )
-        if self.crossing_chunks < 1:
-            raise ValueError(f"RunsLaunch.crossing_chunks must be >= 1, got {self.crossing_chunks}")
-
-
-# A chunk gathers CHUNK_ELEMENTS gradient elements (32 ids at D=128) but at least
-# MIN_CHUNK_IDS ids, so that the chunk sums stay at 4 * D / 32 bytes per id at large D;
-# ELEMENTS_PER_WARP of them per warp. Not yet timed on the H200.
-CHUNK_ELEMENTS = 4096
-MIN_CHUNK_IDS = 32
-ELEMENTS_PER_WARP = 256
-FAN_IN = 32
-GROUP_WARPS = 4
-CROSSING_CHUNKS = 4
-CROSSING_WARPS = 4
-
-
-def runs_launch(block_d: int) -> RunsLaunch:
-    """The default launch sizes for rows of at most ``block_d`` elements."""
-    chunk_ids = max(MIN_CHUNK_IDS, CHUNK_ELEMENTS // block_d)
-    warps = max(1, min(32, chunk_ids * block_d // ELEMENTS_PER_WARP))
-    return RunsLaunch(chunk_ids=chunk_ids, chunk_warps=warps, fan_in=FAN_IN, group_warps=GROUP_WARPS,
-                      crossing_chunks=CROSSING_CHUNKS, crossing_warps=CROSSING_WARPS)  # fmt: skip
-
-
 _MULTIPROCESSORS: dict = {}
 
 
@@ -263,6 +197,7 @@ def backward_update(
     bounds_check: bool,
     args: OptimizerArgs,
     launch: Optional[RunsLaunch] = None,
+    classes: Optional[Sequence[int]] = None,
 ) -> Optional[torch.Tensor]:
     """Applies one optimizer step to every row the batch touched; returns the gradient
     of ``per_sample_weights`` when asked (computed from the weights before the step).
@@ -271,7 +206,9 @@ def backward_update(
     weights, the output gradient and element-wise state start at its multiples.
     ``momentum1``/``momentum2`` are laid out as the module keeps them: element-wise state
     exactly like the flat weights, row-wise state one value per global row. ``launch``:
-    the per-run kernels' sizes (``runs_launch(BLOCK_D)`` when None)."""
+    the per-run kernels' sizes (``runs_launch()`` when None). ``classes``: (BLOCK_D, first
+    global row) of each class of tables, flat, classes in row order (one class of the
+    widest tile when None: then rows may be numbered in any order)."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
@@ -321,55 +258,84 @@ def backward_update(
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    launch = launch or runs_launch(block_d)
-    chunk = launch.chunk_ids
-    fan_in = launch.fan_in
-    num_chunks = triton.cdiv(N, chunk)
-    num_groups = triton.cdiv(num_chunks, fan_in)
-    num_supergroups = triton.cdiv(num_groups, fan_in)
-    # One fp32 row per chunk, group and supergroup; only those a crossing run leaves are written.
-    chunk_sums = torch.empty(num_chunks * block_d, dtype=torch.float32, device=device)
-    group_sums = torch.empty(num_groups * block_d, dtype=torch.float32, device=device)
-    supergroup_sums = torch.empty(num_supergroups * block_d, dtype=torch.float32, device=device)
+    _launch_runs(
+        grad_output, (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale), weights,
+        momentum1, momentum2, step, args, scaled, align, total_rows, classes or (block_d_of(max_dim), 0),
+        launch or runs_launch(),
+    )  # fmt: skip
+    return psw_grad
+
+
+_CLASS_ROWS: dict = {}
+
+
+def _class_rows(classes: Sequence[int], total_rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The classes' first global rows and the total, as sort keys on the device (kept:
+    no host-to-device copy a step)."""
+    key = (tuple(classes), total_rows, dtype, str(device))
+    if key not in _CLASS_ROWS:
+        _CLASS_ROWS[key] = torch.tensor([*classes[1::2], total_rows], dtype=dtype, device=device)
+    return _CLASS_ROWS[key]
+
+
+def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
+                 classes, launch) -> None:  # fmt: skip
+    """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
+    long runs' segment and group sums and the long runs themselves."""
+    sorted_rows = sorted_operands[0]
+    device, N = weights.device, sorted_rows.numel()
+    block_ds = list(classes[0::2])
+    if len(block_ds) > MAX_CLASSES:
+        raise ValueError(f"{len(block_ds)} classes of row tiles; at most {MAX_CLASSES}")
+    # Where each class's sorted ids begin (one search per class: the ids are sorted).
+    class_pos = torch.searchsorted(sorted_rows, _class_rows(classes, total_rows, sorted_rows.dtype, device))
+    per_class = [launch.for_block_d(bd) for bd in block_ds]
+    segment, fan_in = launch.segment_ids, launch.fan_in
+    long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)
+    # A long run outlasts its chunk and halo: at most one per CHUNK + 2 ids.
+    long_runs = torch.empty(N // (min(c.chunk_ids for c in per_class) + 2) + 1, dtype=torch.int64, device=device)
+    stride = max(block_ds)
+    slots = [triton.cdiv(N, unit) + len(block_ds) + 1 for unit in (segment, segment * fan_in, segment * fan_in ** 2)]
+    segment_sums, group_sums, supergroup_sums = (
+        torch.empty(n * stride, dtype=torch.float32, device=device) for n in slots
+    )
     if step is None:
-        step = rows  # never read: only Adam and LAMB take a step count
+        step = sorted_rows  # never read: only Adam and LAMB take a step count
     m1 = momentum1 if momentum1 is not None else weights
     m2 = momentum2 if momentum2 is not None else weights
     hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
-    modes = dict(
-        SCALED=scaled,
-        OPTIMIZER=args.optimizer,
-        WEIGHT_DECAY_MODE=args.weight_decay_mode,
-        STOCHASTIC_ROUNDING=args.stochastic_rounding,
-        CHUNK=chunk,
-        BLOCK_D=block_d,
-        ALIGN=align,
-    )
-    sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
-    chunk_grid = num_chunks
-    if launch.chunk_stages:
-        chunk_grid = min(num_chunks, _multiprocessors(device) * launch.chunk_programs_per_sm)
-    _chunk_kernel[(chunk_grid,)](
-        grad_output, *sorted_operands, weights, m1, m2, chunk_sums, step, *hyper, N, sentinel,
-        STAGES=launch.chunk_stages, PREFETCH=launch.prefetch_chunks if device.type == "cuda" else 0,
-        num_warps=launch.chunk_warps, **modes,
-    )  # fmt: skip
-    # A run crossing into a group needs its chunks' sums summed; with all chunks in one
-    # group (or all groups in one supergroup) no run does, and the launch is skipped.
-    if num_chunks > fan_in:
-        _group_kernel[(num_groups,)](
-            sorted_rows, chunk_sums, group_sums, N, chunk, BLOCK_D=block_d, FAN_IN=fan_in,
-            num_warps=launch.group_warps,
+    modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
+                 STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
+    sms = _multiprocessors(device)
+    for klass, sizes in enumerate(per_class):
+        chunks = triton.cdiv(N, sizes.chunk_ids)
+        loop = launch.chunk_programs_per_sm > 0
+        _chunk_kernel[(min(chunks, sms * launch.chunk_programs_per_sm) if loop else chunks,)](
+            grad_output, *sorted_operands, weights, m1, m2, long_runs, long_count, class_pos, klass, step, *hyper,
+            SCALED=scaled, CHUNK=sizes.chunk_ids, BLOCK_D=sizes.block_d, LOOP=loop,
+            HALO=sizes.chunk_ids if launch.chunk_halo else 0, BARRIER=sizes.chunk_warps > 1,
+            num_warps=sizes.chunk_warps, **modes,
         )  # fmt: skip
-    if num_groups > fan_in:
-        _group_kernel[(num_supergroups,)](
-            sorted_rows, group_sums, supergroup_sums, N, chunk * fan_in, BLOCK_D=block_d, FAN_IN=fan_in,
-            num_warps=launch.group_warps,
+    if N <= 2 * min(c.chunk_ids for c in per_class):
+        return  # every run ends by its chunk's halo: none is long
+    loop_grid = (min(triton.cdiv(N, segment), sms * launch.loop_programs_per_sm),)
+    for klass, sizes in enumerate(per_class):
+        if N > segment:
+            _segment_kernel[loop_grid](
+                grad_output, sorted_rows, *sorted_operands[2:], segment_sums, class_pos, klass, stride,
+                SCALED=scaled, BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, SEGMENT=segment, STEP=sizes.step_ids,
+                ALIGN=align, num_warps=launch.loop_warps,
+            )  # fmt: skip
+        for level, (children, parents) in enumerate(((segment_sums, group_sums), (group_sums, supergroup_sums))):
+            unit = segment * fan_in**level
+            if N > unit * fan_in:
+                _group_kernel[loop_grid](
+                    sorted_rows, children, parents, class_pos, klass, unit, stride,
+                    BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, FAN_IN=fan_in, num_warps=launch.loop_warps,
+                )  # fmt: skip
+        _long_run_kernel[(sms * launch.loop_programs_per_sm,)](
+            grad_output, *sorted_operands, weights, m1, m2, segment_sums, group_sums, supergroup_sums, long_runs,
+            long_count, class_pos, klass, stride, step, *hyper,
+            SCALED=scaled, BLOCK_D=sizes.block_d, SEGMENT=segment, STEP=sizes.step_ids, FAN_IN=fan_in,
+            num_warps=launch.loop_warps, **modes,
         )  # fmt: skip
-    if num_chunks > 1:
-        _crossing_kernel[(triton.cdiv(num_chunks, launch.crossing_chunks),)](
-            grad_output, *sorted_operands, weights, m1, m2, chunk_sums, group_sums, supergroup_sums, step, *hyper,
-            N, sentinel, FAN_IN=fan_in, CHUNKS_PER_PROGRAM=launch.crossing_chunks, num_warps=launch.crossing_warps,
-            **modes,
-        )  # fmt: skip
-    return psw_grad

@@ -23,7 +23,8 @@ import torch
 
 from tbe_plugin.ops.bounds import merge_status, warn_once
 from tbe_plugin.ops.common import STATUS_LEN, new_status
-from tbe_plugin.ops.embedding_backward import RunsLaunch, backward_update
+from tbe_plugin.ops.backward_launch import RunsLaunch
+from tbe_plugin.ops.embedding_backward import backward_update
 from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
 from tbe_plugin.ops.optimizers import OptimizerArgs
 
@@ -51,10 +52,12 @@ def fused_update(
     stochastic_rounding: bool,
     hyper: torch.Tensor,
     launch: Optional[RunsLaunch] = None,
+    classes: Optional[List[int]] = None,
 ) -> torch.Tensor:
     """One optimizer step (step count and rounding seed advance first, as in FBGEMM);
     returns the per-sample-weight gradient, empty unless ``psw_requires_grad``. ``launch``:
-    the backward kernels' sizes (their heuristic when None)."""
+    the backward kernels' sizes (their heuristic when None); ``classes``: the module's
+    classes of row tiles, (BLOCK_D, first global row) flat (``backward_update``)."""
     if step is not None:
         step.add_(1)
     rounding_seed.add_(1)
@@ -72,7 +75,7 @@ def fused_update(
     )
     psw_grad = backward_update(
         grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows, align,
-        indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args, launch,
+        indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args, launch, classes,
     )  # fmt: skip
     return psw_grad if psw_grad is not None else grad_output.new_empty(0)
 
@@ -193,7 +196,7 @@ class _TrainingLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, placeholder, per_sample_weights, indices, offsets, feature_meta, weights, momentum1,
-                momentum2, step, rounding_seed, learning_rate, hyper, lookup, update):  # fmt: skip
+                momentum2, step, rounding_seed, learning_rate, hyper, lookup, update, classes):  # fmt: skip
         out, status = torch.ops.tbe_plugin.tbe_lookup_train(
             weights, feature_meta, indices, offsets, per_sample_weights, *lookup
         )
@@ -201,7 +204,7 @@ class _TrainingLookup(torch.autograd.Function):
         ctx.save_for_backward(indices, offsets, per_sample_weights, feature_meta)
         ctx.weights, ctx.momentum1, ctx.momentum2, ctx.step = weights, momentum1, momentum2, step
         ctx.rounding_seed, ctx.learning_rate, ctx.hyper = rounding_seed, learning_rate, hyper
-        ctx.update = update
+        ctx.update, ctx.classes = update, classes
         return out, status
 
     @staticmethod
@@ -211,11 +214,11 @@ class _TrainingLookup(torch.autograd.Function):
         psw_grad = torch.ops.tbe_plugin.tbe_fused_update(
             grad_output.contiguous(), ctx.weights, ctx.momentum1, ctx.momentum2, ctx.step,
             ctx.rounding_seed, ctx.learning_rate, feature_meta, indices, offsets, per_sample_weights,
-            psw_requires_grad, *ctx.update, ctx.hyper,
+            psw_requires_grad, *ctx.update, ctx.hyper, classes=ctx.classes,
         )  # fmt: skip
         # The placeholder's gradient stays None, as in eager: the update is in the graph
         # because it mutates its inputs, not through an output.
-        return (None, psw_grad if psw_requires_grad else None) + (None,) * 12
+        return (None, psw_grad if psw_requires_grad else None) + (None,) * 13
 
 
 def training_lookup(
@@ -229,16 +232,18 @@ def training_lookup(
     hyper: torch.Tensor,
     lookup: LookupConfig,
     update: UpdateConfig,
+    classes: Optional[List[int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step whose backward applies the optimizer in place.
 
     ``placeholder``: an empty parameter that carries autograd (FBGEMM's scheme); ``state``:
     (weights, momentum1, momentum2, step, rounding seed), the tensors the backward writes
     (None where the optimizer has no such state); ``hyper``: eps, beta1, beta2, weight
-    decay (a float64 host tensor). Returns the output and this call's bounds status.
+    decay (a float64 host tensor); ``classes``: the tables' classes of row tiles
+    (``fused_update``). Returns the output and this call's bounds status.
     """
     weights, momentum1, momentum2, step, rounding_seed = state
     return _TrainingLookup.apply(
         placeholder, per_sample_weights, indices, offsets, feature_meta, weights, momentum1, momentum2,
-        step, rounding_seed, learning_rate, hyper, lookup, update,
+        step, rounding_seed, learning_rate, hyper, lookup, update, classes,
     )  # fmt: skip

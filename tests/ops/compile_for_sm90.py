@@ -15,15 +15,17 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
+from tbe_plugin.ops.backward_launch import runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
-FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "chunk_sums_ptr", "group_sums_ptr",
+FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums_ptr", "group_sums_ptr",
                   "supergroup_sums_ptr", "child_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
-INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr")
+INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr", "long_count_ptr")
 
 
 def signature(fn, constexprs, weights, keys):
@@ -108,20 +110,26 @@ def variants():
             WEIGHTED=False, CHECK=True, ALIGN=4, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
         ), warps, weights, "*i32"
         rounding = weights != "*fp32"
-        for block_d in (16, 32, 128, 256, 512):
-            launch = backward.runs_launch(block_d)
+        launch = runs_launch()
+        for block_d in (16, 128, 512):
+            sizes = launch.for_block_d(block_d)
             for optimizer in range(6):
                 modes = dict(
                     SCALED=True, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
-                    STOCHASTIC_ROUNDING=rounding, CHUNK=launch.chunk_ids, BLOCK_D=block_d, ALIGN=4,
+                    STOCHASTIC_ROUNDING=rounding, BLOCK_D=block_d, ALIGN=4,
                 )  # fmt: skip
-                yield backward._chunk_kernel, dict(modes, STAGES=launch.chunk_stages, PREFETCH=launch.prefetch_chunks), launch.chunk_warps, \
-                    weights, "*i32"  # fmt: skip
-                yield backward._crossing_kernel, dict(
-                    modes, FAN_IN=launch.fan_in, CHUNKS_PER_PROGRAM=launch.crossing_chunks,
-                ), launch.crossing_warps, weights, "*i64"  # fmt: skip
-            yield backward._group_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), launch.group_warps, \
-                weights, "*i64"  # fmt: skip
+                chunk = dict(modes, CHUNK=sizes.chunk_ids, BARRIER=sizes.chunk_warps > 1)
+                yield runs._chunk_kernel, dict(chunk, LOOP=False, HALO=0), sizes.chunk_warps, weights, "*i32"
+                if optimizer == 1:  # the looping and halo variants (launch options), for one optimizer
+                    yield runs._chunk_kernel, dict(chunk, LOOP=True, HALO=sizes.chunk_ids), sizes.chunk_warps, \
+                        weights, "*i32"  # fmt: skip
+                yield runs._long_run_kernel, dict(modes, SEGMENT=launch.segment_ids, STEP=sizes.step_ids,
+                                                  FAN_IN=launch.fan_in), launch.loop_warps, weights, "*i64"
+            yield runs._segment_kernel, dict(SCALED=True, BLOCK_D=block_d, CHUNK=sizes.chunk_ids,
+                                             SEGMENT=launch.segment_ids, STEP=sizes.step_ids, ALIGN=4), \
+                launch.loop_warps, weights, "*i64"  # fmt: skip
+            yield runs._group_kernel, dict(BLOCK_D=block_d, CHUNK=sizes.chunk_ids, FAN_IN=launch.fan_in), \
+                launch.loop_warps, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)
     yield backward._positions_kernel, dict(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
-from tbe_plugin.ops.embedding_backward import RunsLaunch, runs_launch
+from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.reference import aggregate_row_gradients, optimizer_step_reference
 from tests.helpers import make_bags
 
@@ -118,63 +118,77 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
-def small_launch(chunk_ids, fan_in, crossing_chunks=1, warps=1, stages=0):
-    return RunsLaunch(chunk_ids=chunk_ids, chunk_warps=warps, fan_in=fan_in, group_warps=warps,
-                      crossing_chunks=crossing_chunks, crossing_warps=warps, chunk_stages=stages)  # fmt: skip
+def small_launch(chunk_elements, segment_ids, fan_in, chunk_programs_per_sm=0, halo=False):
+    """Tiny chunks, segments and fan-ins, so that a few hundred ids cross every level."""
+    return RunsLaunch(chunk_elements=chunk_elements, chunk_halo=halo, chunk_warps=1,
+                      chunk_programs_per_sm=chunk_programs_per_sm, segment_ids=segment_ids, step_elements=64,
+                      fan_in=fan_in, loop_warps=1, loop_programs_per_sm=1)  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "chunk_ids, fan_in, crossing_chunks, stages, B",
-    [(2, 2, 1, 0, 24), (4, 2, 3, 0, 32), (2, 4, 2, 2, 24), (8, 2, 1, 0, 40), (32, 32, 4, 0, 40)],
-)
-def test_hot_rows_across_chunks_groups_and_supergroups(chunk_ids, fan_in, crossing_chunks, stages, B):
-    """One row in most lookups: with tiny chunks and fan-ins its run covers many chunks,
-    groups and supergroups (the crossing kernel's walk loops over supergroup sums), and
-    the other rows' runs start and end at every kind of edge; a crossing program meets
-    chunks where no run, or a run, ends; with stages, chunk programs loop over chunks."""
+# (chunk elements, segment ids, fan-in, looping chunk programs per multiprocessor, halo).
+# At BLOCK_D 16 and 32 (the tables' tiles): chunks of 2 and 1 ids and supergroups of 16
+# ids; chunks of 4 and 2 with halos, looping over the batch; chunks of 1 and segments of
+# 2 ids; the defaults.
+LAUNCHES = [(32, 4, 2, 0, False), (128, 8, 2, 2, True), (16, 2, 2, 0, False), (512, 64, 32, 0, False)]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda launch: "-".join(map(str, launch)))
+def test_hot_rows_across_segments_groups_and_supergroups(launch):
+    """One row in most lookups: its run covers many segments, groups and supergroups (the
+    long-run kernel's walk loops over supergroup sums), and the other rows' runs start and
+    end at every kind of edge, inside a chunk, in its halo or past it."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    emb.backward_launch = small_launch(chunk_ids, fan_in, crossing_chunks, stages=stages)
-    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=B, max_len=12, hot=0.9, lr=0.05)
+    emb.backward_launch = small_launch(*launch)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=24, max_len=12, hot=0.9, lr=0.05)
 
 
-@pytest.mark.parametrize("chunk_ids, fan_in", [(2, 2), (4, 2), (8, 4)])
-def test_runs_across_chunk_edges(chunk_ids, fan_in):
+@pytest.mark.parametrize("launch", LAUNCHES[:3], ids=lambda launch: "-".join(map(str, launch)))
+def test_runs_across_chunk_edges(launch):
     """Tiny chunks against runs of every length (weighted MEAN: every id has its factor):
-    runs inside a chunk, runs that end in the next chunk or many chunks on, chunks inside
-    one run, runs starting or ending at a chunk's, group's or supergroup's edge."""
+    runs inside a chunk, ending in its halo or past it, chunks inside one run, runs
+    starting or ending at a chunk's, segment's or group's edge."""
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
-    emb.backward_launch = small_launch(chunk_ids, fan_in, crossing_chunks=2)
+    emb.backward_launch = small_launch(*launch)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=12, max_len=9, hot=0.5, weighted=True, lr=0.05)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_crossing_runs_every_optimizer(optimizer):
-    """Every optimizer's update from the crossing kernel (hot rows over tiny chunks) and
+def test_long_runs_every_optimizer(optimizer):
+    """Every optimizer's update from the long-run kernel (hot rows over tiny chunks) and
     from the chunk kernel (the other rows)."""
     emb = build(optimizer, learning_rate=0.05)
-    emb.backward_launch = small_launch(4, 2, crossing_chunks=2)
+    emb.backward_launch = small_launch(32, 4, 2)
     train_and_compare(emb, optimizer, steps=2, B=16, max_len=8, hot=0.7, lr=0.05)
 
 
+def test_tables_of_four_tiles_each_use_their_own():
+    """D = 8, 20, 4, 40, 130: tiles 16, 32, 16, 64, 256, numbered class by class (row-wise
+    state too), each class's ids updated by its own launches; a hot row in table 0."""
+    specs = [(23, 8), (9, 20), (30, 4), (12, 40), (7, 130)]
+    emb = build("PARTIAL_ROWWISE_ADAM", specs=specs, ftm=[0, 1, 2, 3, 4, 0], learning_rate=0.05)
+    assert emb._row_classes == [16, 0, 32, 53, 64, 62, 256, 74]
+    emb.backward_launch = small_launch(32, 4, 2)
+    train_and_compare(emb, "PARTIAL_ROWWISE_ADAM", steps=2, B=10, max_len=8, hot=0.6, lr=0.05)
+
+
 def test_launch_sizes_depend_on_d_only():
-    """Chunks are sized by D alone, no batch grows them: 4096 gradient elements a chunk
-    but at least 32 ids (the chunk sums, 4 * D / ids bytes a lookup: 16 at D=128, 64 at
-    D=512), a warp per 1024 elements."""
-    assert runs_launch(128) == RunsLaunch(
-        chunk_ids=32, chunk_warps=16, fan_in=32, group_warps=4, crossing_chunks=4, crossing_warps=4
-    )
-    assert (runs_launch(16).chunk_ids, runs_launch(16).chunk_warps) == (256, 16)
-    assert (runs_launch(512).chunk_ids, runs_launch(512).chunk_warps) == (32, 32)
-    assert runs_launch(4096).chunk_warps == 32
+    """A chunk gathers 512 gradient elements (4 ids at D=128; as many again with a halo)
+    over 2 warps (more beyond 512 elements a warp), long runs 4096 a gather; nothing grows
+    with the batch."""
+    sizes = [RunsLaunch().for_block_d(d) for d in (16, 128, 512, 2048)]
+    assert [(s.chunk_ids, s.chunk_warps, s.step_ids) for s in sizes] == [(32, 2, 64), (4, 2, 32), (1, 2, 8), (1, 4, 2)]
+    with_halo = [RunsLaunch(chunk_elements=1024, chunk_halo=True).for_block_d(d) for d in (16, 128)]
+    assert [(s.chunk_ids, s.chunk_warps) for s in with_halo] == [(32, 2), (4, 2)]
+    assert runs_launch() == RunsLaunch()
 
 
 @pytest.mark.parametrize(
-    "field, value", [("chunk_ids", 3), ("chunk_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("crossing_chunks", 0)]
+    "field, value",
+    [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0)],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
-    fields = dict(chunk_ids=4, chunk_warps=1, fan_in=2, group_warps=1, crossing_chunks=1, crossing_warps=1)
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):
-        RunsLaunch(**{**fields, field: value})
+        RunsLaunch(**{field: value})
 
 
 def test_per_sample_weight_gradient():
@@ -320,7 +334,7 @@ def test_compiled_step_updates_the_module_tables(backend, monkeypatch):
 
 def test_compiled_training_refuses_a_launch_it_would_ignore():
     emb = build("EXACT_SGD")
-    emb.backward_launch = runs_launch(8)
+    emb.backward_launch = runs_launch()
     rows = [emb.table_rows[t] for t in emb.feature_table_map]
     with pytest.raises(Exception, match="backward_launch is not supported under torch.compile"):
         torch.compile(SquaredLoss(emb), fullgraph=True, backend="aot_eager")(*make_bags(rows, B=2, max_len=3, seed=0))

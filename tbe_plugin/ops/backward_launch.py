@@ -1,0 +1,118 @@
+"""Launch sizes of the backward's per-run kernels, and the classes of tables they run on.
+
+``RunsLaunch`` is the policy (``runs_launch()`` the default; tests and profilers pass
+another through the module's ``backward_launch``); ``RunsLaunch.for_block_d`` turns it
+into one class's sizes (``ClassLaunch``). ``row_classes`` groups tables by the power-of-two
+tile their rows need, so that the module numbers rows one class after another.
+
+Lives in ``tbe_plugin.ops``: imports nothing but the standard library.
+"""
+
+import dataclasses
+from typing import List, Sequence, Tuple
+
+MIN_BLOCK_D = 16
+MAX_CLASSES = 8  # BLOCK_D 16 .. 2048; the kernels read the classes' counters as one vector of 8
+
+
+def block_d_of(dim: int) -> int:
+    """The tile of a row of ``dim`` elements: a power of two, at least MIN_BLOCK_D."""
+    return max(MIN_BLOCK_D, 1 << (max(dim, 1) - 1).bit_length())
+
+
+def row_classes(dims: Sequence[int]) -> List[int]:
+    """Tables' order of row numbering: by tile (BLOCK_D), then by table; returns the
+    distinct tiles, smallest first."""
+    return sorted({block_d_of(d) for d in dims})
+
+
+def class_order(dims: Sequence[int]) -> List[int]:
+    """Table indices in row-numbering order: class by class, tables in order within one."""
+    return sorted(range(len(dims)), key=lambda t: (block_d_of(dims[t]), t))
+
+
+def _power_of_two(value: int) -> bool:
+    return value >= 1 and not value & (value - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassLaunch:
+    """One class's sizes, derived from a ``RunsLaunch``."""
+
+    block_d: int
+    chunk_ids: int
+    """Ids per chunk (a halo has as many again)."""
+    chunk_warps: int
+    step_ids: int
+    """Ids per gather of a long run's sums (segment and long-run kernels)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunsLaunch:
+    """How the per-run kernels (``backward_runs``) are launched, for rows of any tile."""
+
+    chunk_elements: int = 512
+    """Gradient elements of a chunk program's tile ((CHUNK + halo) * BLOCK_D): CHUNK =
+    chunk_elements / BLOCK_D (halved with a halo), at least 1 (4 ids at D=128)."""
+    chunk_halo: bool = False
+    """True: the next chunk's ids come in the scan's tile (a halo of CHUNK lanes); False:
+    as a second gather when the chunk's last run ends in the next chunk."""
+    chunk_warps: int = 2
+    """Warps of a chunk program (more when its tile exceeds 512 elements a warp)."""
+    chunk_programs_per_sm: int = 0
+    """0: a chunk program per chunk of the whole batch (those past their class's ids exit
+    at once); n >= 1: n programs per multiprocessor looping over the class's chunks."""
+    segment_ids: int = 64
+    """Ids per segment of the long runs' sums (one for all classes; a multiple of every
+    class's CHUNK): their memory is 4 * max BLOCK_D / segment_ids bytes per id."""
+    step_elements: int = 4096
+    """Gradient elements per gather of a long run's ids."""
+    fan_in: int = 32
+    """Segments per group and groups per supergroup; sums a long run adds per step."""
+    loop_warps: int = 4
+    """Warps of the segment, group and long-run programs."""
+    loop_programs_per_sm: int = 8
+    """Programs per multiprocessor of the segment, group and long-run kernels (they loop)."""
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_elements", "segment_ids", "step_elements", "fan_in"):
+            value = getattr(self, name)
+            if value < 2 or not _power_of_two(value):
+                raise ValueError(f"RunsLaunch.{name} must be a power of two >= 2, got {value}")
+        for name in ("chunk_warps", "loop_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8, 16):
+                raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
+        for name in ("chunk_programs_per_sm", "loop_programs_per_sm"):
+            if getattr(self, name) < (0 if name == "chunk_programs_per_sm" else 1):
+                raise ValueError(f"RunsLaunch.{name} out of range: {getattr(self, name)}")
+
+    def for_block_d(self, block_d: int) -> ClassLaunch:
+        lanes = 2 if self.chunk_halo else 1
+        chunk = max(1, min(self.segment_ids // 2, self.chunk_elements // (lanes * block_d)))
+        warps = min(16, max(self.chunk_warps, lanes * chunk * block_d // 512))
+        step = max(1, min(self.segment_ids, self.step_elements // block_d))
+        return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step)
+
+
+def runs_launch() -> RunsLaunch:
+    """The default launch sizes. Not yet timed on the H200 in this form; measured there
+    before it (commit d003ee9): 16-warp programs of 32 ids took 2x the time of 4-warp
+    programs of 16 ids (cross-warp scans and barriers hold every warp for the slowest
+    load), so chunk programs are small."""
+    return RunsLaunch()
+
+
+def class_first_rows(table_rows: Sequence[int], dims: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """Row numbering by class: each table's first global row, and each class's first row
+    (plus the total), for tables of ``table_rows`` rows and ``dims`` columns."""
+    order = class_order(dims)
+    first_row = [0] * len(table_rows)
+    total = 0
+    class_starts: List[int] = []
+    classes = row_classes(dims)
+    for t in order:
+        while len(class_starts) < classes.index(block_d_of(dims[t])) + 1:
+            class_starts.append(total)
+        first_row[t] = total
+        total += table_rows[t]
+    return first_row, class_starts + [total]

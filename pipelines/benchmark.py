@@ -405,14 +405,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 def provenance(environment: Dict[str, Any], argv: List[str]) -> Dict[str, Any]:
     """The commit measured and whether the tree differed from it (``git_state``, in
-    ``versions``); where the tree has no repository, as on the device, ``TBE_PLUGIN_COMMIT``
-    and ``TBE_PLUGIN_DIRTY`` (1 or 0) as the caller set them from its checkout; and the
-    command line."""
-    commit, dirty = environment.get("git_commit", "unknown"), environment.get("git_dirty")
-    if commit == "unknown":
-        commit = os.environ.get("TBE_PLUGIN_COMMIT", "unknown (no git repository; set TBE_PLUGIN_COMMIT)")
-        dirty = {"1": True, "0": False}.get(os.environ.get("TBE_PLUGIN_DIRTY", ""))
-    return {"commit": commit, "dirty": dirty, "changed_files": environment.get("git_changed", []),
+    ``versions``: on the device, where the tree has no repository, ``TBE_PLUGIN_COMMIT`` and
+    ``TBE_PLUGIN_DIRTY`` as the caller set them from its checkout), and the command line."""
+    return {"commit": environment.get("git_commit", "unknown"), "dirty": environment.get("git_dirty"),
+            "changed_files": environment.get("git_changed", []),
             "command": shlex.join([os.path.basename(sys.executable), *argv])}  # fmt: skip
 
 

@@ -62,6 +62,9 @@ class RunsLaunch:
     chunk_programs_per_sm: int = 0
     """0: a chunk program per chunk of the whole batch (those past their class's ids exit
     at once); n >= 1: n programs per multiprocessor looping over the class's chunks."""
+    class_chunk_programs_per_sm: int = 8
+    """With several classes of tiles (chunk_programs_per_sm 0): looping chunk programs per
+    multiprocessor (8: about as many as fit, at 96-128 registers on 2 warps)."""
     segment_ids: int = 64
     """Ids per segment of the long runs' sums (one for all classes; a multiple of every
     class's CHUNK): their memory is 4 * max BLOCK_D / segment_ids bytes per id."""
@@ -73,16 +76,18 @@ class RunsLaunch:
     """Warps of the segment, group and long-run programs."""
     loop_programs_per_sm: int = 8
     """Programs per multiprocessor of the segment, group and long-run kernels (they loop)."""
+    batch: int = 32
+    """Segments (groups) the segment (group) kernel looks at with one load each."""
 
     def __post_init__(self) -> None:
-        for name in ("chunk_elements", "segment_ids", "step_elements", "fan_in"):
+        for name in ("chunk_elements", "segment_ids", "step_elements", "fan_in", "batch"):
             value = getattr(self, name)
             if value < 2 or not _power_of_two(value):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two >= 2, got {value}")
         for name in ("chunk_warps", "loop_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
-        for name in ("chunk_programs_per_sm", "loop_programs_per_sm"):
+        for name in ("chunk_programs_per_sm", "class_chunk_programs_per_sm", "loop_programs_per_sm"):
             if getattr(self, name) < (0 if name == "chunk_programs_per_sm" else 1):
                 raise ValueError(f"RunsLaunch.{name} out of range: {getattr(self, name)}")
 

@@ -109,7 +109,7 @@ def _chunk_kernel(
     lo, hi = _class_range(class_pos_ptr, klass)
     if LOOP:
         num_chunks = (hi - lo + CHUNK - 1) // CHUNK
-        for c in tl.range(tl.program_id(0).to(tl.int64), num_chunks, tl.num_programs(0)):
+        for c in tl.range(tl.program_id(0).to(tl.int64), num_chunks, tl.num_programs(0), disable_licm=True):
             _update_chunk(
                 grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
                 sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
@@ -231,22 +231,35 @@ def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, 
 
 
 @triton.jit
+def _next_marked(marked, units):
+    """The first marked unit (as a scalar) and the marks without it."""
+    unit = tl.min(tl.where(marked, units, 2147483647), axis=0)  # units < 2**31: ids / SEGMENT
+    return unit, marked & (units != unit)
+
+
+@triton.jit
 def _segment_kernel(
     grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, segment_sums_ptr,
     class_pos_ptr, klass, slot_stride,
     SCALED: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, SEGMENT: tl.constexpr, STEP: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, BATCH: tl.constexpr,
 ):  # fmt: skip
     """For each segment of the class that a long run enters: the sum of that run's ids in
     it (a prefix of the segment), in the segment's slot (``b // SEGMENT + klass`` for a
-    segment at ``b``: distinct across classes). Segments no long run enters store nothing."""
+    segment at ``b``: distinct across classes). BATCH segments are looked at with one load
+    each; those no long run enters (most, but in hot rows) store nothing."""
     lo, hi = _class_range(class_pos_ptr, klass)
     cols = tl.arange(0, BLOCK_D)
-    num_segments = (hi - lo + SEGMENT - 1) // SEGMENT
-    for s in tl.range(tl.program_id(0).to(tl.int64) + 1, num_segments, tl.num_programs(0)):
-        b = lo + s * SEGMENT
-        row, long_run = _enters_long(sorted_rows_ptr, b, lo, hi, CHUNK)
-        if long_run:
+    num_batches = ((hi - lo + SEGMENT - 1) // SEGMENT + BATCH - 1) // BATCH
+    for batch in tl.range(tl.program_id(0).to(tl.int64), num_batches, tl.num_programs(0)):
+        segments = batch * BATCH + tl.arange(0, BATCH)
+        starts = lo + segments * SEGMENT
+        rows, marked = _enters_long(sorted_rows_ptr, starts, lo, hi, CHUNK)
+        marked &= segments > 0
+        while tl.max(marked.to(tl.int32), axis=0) > 0:
+            segment, marked = _next_marked(marked, segments)
+            b = lo + segment * SEGMENT
+            row = tl.max(tl.where(segments == segment, rows, -1), axis=0)
             total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, b,
                              tl.minimum(b + SEGMENT, hi), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
             tl.store(segment_sums_ptr + (b // SEGMENT + klass) * slot_stride + cols, total)
@@ -267,22 +280,27 @@ def _unit_sums(sorted_rows_ptr, sums_ptr, units, count, unit_ids, lo, hi, row, k
 @triton.jit
 def _group_kernel(
     sorted_rows_ptr, child_sums_ptr, group_sums_ptr, class_pos_ptr, klass, unit_ids, slot_stride,
-    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, FAN_IN: tl.constexpr,
+    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, FAN_IN: tl.constexpr, BATCH: tl.constexpr,
 ):  # fmt: skip
     """For each group of FAN_IN units (segments, or groups of segments) of ``unit_ids`` ids
     that a long run enters: the sum of the units' sums of that run (the units it enters,
-    a prefix of the group), in the group's slot. Other groups store nothing."""
+    a prefix of the group), in the group's slot. BATCH groups are looked at with one load
+    each; the others store nothing."""
     lo, hi = _class_range(class_pos_ptr, klass)
     cols = tl.arange(0, BLOCK_D)
     group_ids = unit_ids * FAN_IN
-    num_groups = (hi - lo + group_ids - 1) // group_ids
-    for g in tl.range(tl.program_id(0).to(tl.int64) + 1, num_groups, tl.num_programs(0)):
-        b = lo + g * group_ids
-        row, long_run = _enters_long(sorted_rows_ptr, b, lo, hi, CHUNK)
-        if long_run:
-            units = g * FAN_IN + tl.arange(0, FAN_IN)
-            total = _unit_sums(sorted_rows_ptr, child_sums_ptr, units, (g + 1) * FAN_IN, unit_ids, lo, hi, row, klass,
-                               slot_stride, cols)  # fmt: skip
+    num_batches = ((hi - lo + group_ids - 1) // group_ids + BATCH - 1) // BATCH
+    for batch in tl.range(tl.program_id(0).to(tl.int64), num_batches, tl.num_programs(0)):
+        groups = batch * BATCH + tl.arange(0, BATCH)
+        rows, marked = _enters_long(sorted_rows_ptr, lo + groups * group_ids, lo, hi, CHUNK)
+        marked &= groups > 0
+        while tl.max(marked.to(tl.int32), axis=0) > 0:
+            group, marked = _next_marked(marked, groups)
+            row = tl.max(tl.where(groups == group, rows, -1), axis=0)
+            units = group * FAN_IN + tl.arange(0, FAN_IN)
+            total = _unit_sums(sorted_rows_ptr, child_sums_ptr, units, (group + 1) * FAN_IN, unit_ids, lo, hi, row,
+                               klass, slot_stride, cols)  # fmt: skip
+            b = lo + group * group_ids
             tl.store(group_sums_ptr + (b // group_ids + klass) * slot_stride + cols, total)
 
 

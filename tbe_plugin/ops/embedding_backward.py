@@ -309,8 +309,12 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     sms = _multiprocessors(device)
     for klass, sizes in enumerate(per_class):
         chunks = triton.cdiv(N, sizes.chunk_ids)
-        loop = launch.chunk_programs_per_sm > 0
-        _chunk_kernel[(min(chunks, sms * launch.chunk_programs_per_sm) if loop else chunks,)](
+        # One class: a program per chunk. Several: each class's share is known on the device
+        # only, and a grid for the whole batch per class would be mostly programs with
+        # nothing to do; looping programs instead.
+        loop = launch.chunk_programs_per_sm > 0 or len(per_class) > 1
+        programs = launch.chunk_programs_per_sm or launch.class_chunk_programs_per_sm
+        _chunk_kernel[(min(chunks, sms * programs) if loop else chunks,)](
             grad_output, *sorted_operands, weights, m1, m2, long_runs, long_count, class_pos, klass, step, *hyper,
             SCALED=scaled, CHUNK=sizes.chunk_ids, BLOCK_D=sizes.block_d, LOOP=loop,
             HALO=sizes.chunk_ids if launch.chunk_halo else 0, BARRIER=sizes.chunk_warps > 1,
@@ -318,20 +322,22 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
         )  # fmt: skip
     if N <= 2 * min(c.chunk_ids for c in per_class):
         return  # every run ends by its chunk's halo: none is long
-    loop_grid = (min(triton.cdiv(N, segment), sms * launch.loop_programs_per_sm),)
+    batch = launch.batch
+    loop_grid = (min(triton.cdiv(N, segment * batch), sms * launch.loop_programs_per_sm),)
     for klass, sizes in enumerate(per_class):
         if N > segment:
             _segment_kernel[loop_grid](
                 grad_output, sorted_rows, *sorted_operands[2:], segment_sums, class_pos, klass, stride,
                 SCALED=scaled, BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, SEGMENT=segment, STEP=sizes.step_ids,
-                ALIGN=align, num_warps=launch.loop_warps,
+                ALIGN=align, BATCH=batch, num_warps=launch.loop_warps,
             )  # fmt: skip
         for level, (children, parents) in enumerate(((segment_sums, group_sums), (group_sums, supergroup_sums))):
             unit = segment * fan_in**level
             if N > unit * fan_in:
                 _group_kernel[loop_grid](
                     sorted_rows, children, parents, class_pos, klass, unit, stride,
-                    BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, FAN_IN=fan_in, num_warps=launch.loop_warps,
+                    BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, FAN_IN=fan_in, BATCH=batch,
+                    num_warps=launch.loop_warps,
                 )  # fmt: skip
         _long_run_kernel[(sms * launch.loop_programs_per_sm,)](
             grad_output, *sorted_operands, weights, m1, m2, segment_sums, group_sums, supergroup_sums, long_runs,

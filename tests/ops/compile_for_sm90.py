@@ -126,9 +126,11 @@ def variants():
                 yield runs._long_run_kernel, dict(modes, SEGMENT=launch.segment_ids, STEP=sizes.step_ids,
                                                   FAN_IN=launch.fan_in), launch.loop_warps, weights, "*i64"
             yield runs._segment_kernel, dict(SCALED=True, BLOCK_D=block_d, CHUNK=sizes.chunk_ids,
-                                             SEGMENT=launch.segment_ids, STEP=sizes.step_ids, ALIGN=4), \
+                                             SEGMENT=launch.segment_ids, STEP=sizes.step_ids, ALIGN=4,
+                                             BATCH=launch.batch), \
                 launch.loop_warps, weights, "*i64"  # fmt: skip
-            yield runs._group_kernel, dict(BLOCK_D=block_d, CHUNK=sizes.chunk_ids, FAN_IN=launch.fan_in), \
+            yield runs._group_kernel, dict(BLOCK_D=block_d, CHUNK=sizes.chunk_ids, FAN_IN=launch.fan_in,
+                                           BATCH=launch.batch), \
                 launch.loop_warps, weights, "*i64"  # fmt: skip
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)

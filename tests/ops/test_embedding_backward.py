@@ -122,7 +122,8 @@ def small_launch(chunk_elements, segment_ids, fan_in, chunk_programs_per_sm=0, h
     """Tiny chunks, segments and fan-ins, so that a few hundred ids cross every level."""
     return RunsLaunch(chunk_elements=chunk_elements, chunk_halo=halo, chunk_warps=1,
                       chunk_programs_per_sm=chunk_programs_per_sm, segment_ids=segment_ids, step_elements=64,
-                      fan_in=fan_in, loop_warps=1, loop_programs_per_sm=1)  # fmt: skip
+                      fan_in=fan_in, loop_warps=1, loop_programs_per_sm=1, batch=4,
+                      class_chunk_programs_per_sm=2)  # fmt: skip
 
 
 # (chunk elements, segment ids, fan-in, looping chunk programs per multiprocessor, halo).

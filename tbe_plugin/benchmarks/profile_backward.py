@@ -33,14 +33,12 @@ def _launch(**fields):
 # Candidate launches by name (RunsLaunch values; the chunk sizes are per class of tile).
 CANDIDATES = {
     "default": runs_launch,
-    "chunk4w1": _launch(chunk_warps=1),
-    "chunk8w1": _launch(chunk_elements=1024, chunk_warps=1),
-    "chunk2w1": _launch(chunk_elements=256, chunk_warps=1),
-    "class_loop4": _launch(class_chunk_programs_per_sm=4),
-    "class_loop12": _launch(class_chunk_programs_per_sm=12),
-    "loop_warps2": _launch(loop_warps=2),
-    "loop_programs4": _launch(loop_programs_per_sm=4),
-    "batch128": _launch(batch=128),
+    "grid": _launch(chunk_mode="grid"),
+    "loop": _launch(chunk_mode="loop"),
+    "list12": _launch(chunk_programs_per_sm=12),
+    "list16": _launch(chunk_programs_per_sm=16),
+    "list_w1": _launch(chunk_warps=1, chunk_programs_per_sm=16),
+    "loop_programs16": _launch(loop_programs_per_sm=16),
 }
 
 
@@ -139,7 +137,7 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
-    parser.add_argument("--configs", default="b8192,zipf1.15,b65536,fbgemm-standard,ctr-mix")
+    parser.add_argument("--configs", default="b8192,zipf1.15,b65536,fbgemm-standard,ctr-mix,long-bags")
     parser.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD")
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--iters", type=int, default=10)

@@ -12,7 +12,8 @@ import dataclasses
 from typing import List, Sequence, Tuple
 
 MIN_BLOCK_D = 16
-MAX_CLASSES = 8  # BLOCK_D 16 .. 2048; the kernels read the classes' counters as one vector of 8
+MAX_CLASSES = 8
+CHUNK_MODES = ("list", "loop", "grid")  # RunsLaunch.chunk_mode, in the chunk kernel's MODE order 2, 1, 0  # BLOCK_D 16 .. 2048; the kernels read the classes' counters as one vector of 8
 
 
 def block_d_of(dim: int) -> int:
@@ -45,6 +46,9 @@ class ClassLaunch:
     chunk_warps: int
     step_ids: int
     """Ids per gather of a long run's sums (segment and long-run kernels)."""
+    loop_warps: int
+    """Warps of the segment, group and long-run programs: a segment's gathers (all issued
+    at once) take 2048 elements a warp."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +63,14 @@ class RunsLaunch:
     as a second gather when the chunk's last run ends in the next chunk."""
     chunk_warps: int = 2
     """Warps of a chunk program (more when its tile exceeds 512 elements a warp)."""
-    chunk_programs_per_sm: int = 0
-    """0: a chunk program per chunk of the whole batch (those past their class's ids exit
-    at once); n >= 1: n programs per multiprocessor looping over the class's chunks."""
-    class_chunk_programs_per_sm: int = 8
-    """With several classes of tiles (chunk_programs_per_sm 0): looping chunk programs per
-    multiprocessor (8: about as many as fit, at 96-128 registers on 2 warps)."""
+    chunk_mode: str = "list"
+    """How chunk programs find their chunks: ``list``, a fixed grid looping over the chunks
+    where a run starts (listed first: chunks inside hot rows cost nothing); ``loop``, a
+    fixed grid looping over every chunk; ``grid``, a program per chunk of the whole batch
+    (per class: those past their class's ids exit at once)."""
+    chunk_programs_per_sm: int = 8
+    """Looping chunk programs per multiprocessor (``list``, ``loop``): about as many as fit
+    at 96-128 registers on 2 warps."""
     segment_ids: int = 64
     """Ids per segment of the long runs' sums (one for all classes; a multiple of every
     class's CHUNK): their memory is 4 * max BLOCK_D / segment_ids bytes per id."""
@@ -87,16 +93,19 @@ class RunsLaunch:
         for name in ("chunk_warps", "loop_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
-        for name in ("chunk_programs_per_sm", "class_chunk_programs_per_sm", "loop_programs_per_sm"):
-            if getattr(self, name) < (0 if name == "chunk_programs_per_sm" else 1):
-                raise ValueError(f"RunsLaunch.{name} out of range: {getattr(self, name)}")
+        for name in ("chunk_programs_per_sm", "loop_programs_per_sm"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RunsLaunch.{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_mode not in CHUNK_MODES:
+            raise ValueError(f"RunsLaunch.chunk_mode must be one of {', '.join(CHUNK_MODES)}, got {self.chunk_mode!r}")
 
     def for_block_d(self, block_d: int) -> ClassLaunch:
         lanes = 2 if self.chunk_halo else 1
         chunk = max(1, min(self.segment_ids // 2, self.chunk_elements // (lanes * block_d)))
         warps = min(16, max(self.chunk_warps, lanes * chunk * block_d // 512))
         step = max(1, min(self.segment_ids, self.step_elements // block_d))
-        return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step)
+        loop_warps = min(16, max(self.loop_warps, self.segment_ids * block_d // 2048))
+        return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps)
 
 
 def runs_launch() -> RunsLaunch:

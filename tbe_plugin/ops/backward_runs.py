@@ -98,18 +98,29 @@ def _update_row_state_and_weights(
 @triton.jit
 def _chunk_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, class_pos_ptr, klass, step_ptr,
-    lr, eps, beta1, beta2, weight_decay, seed,
+    weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, class_pos_ptr, chunk_list_ptr,
+    list_pos_ptr, klass, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
-    LOOP: tl.constexpr, BARRIER: tl.constexpr, HALO: tl.constexpr,
+    MODE: tl.constexpr, BARRIER: tl.constexpr, HALO: tl.constexpr,
 ):  # fmt: skip
-    """The class's chunks, one a program (LOOP False; a program past the class's end does
-    nothing) or a fixed grid looping over them (``_update_chunk``)."""
+    """The class's chunks (``_update_chunk``): MODE 0, one a program (a program past the
+    class's end does nothing); 1, a fixed grid looping over them; 2, a fixed grid looping
+    over the chunks where a run starts (``chunk_list``, from ``_listed_chunks_kernel``), so
+    that no program visits a chunk inside a hot row, which has nothing to do."""
     lo, hi = _class_range(class_pos_ptr, klass)
-    if LOOP:
+    if MODE == 2:
+        first, last = tl.load(list_pos_ptr + klass), tl.load(list_pos_ptr + klass + 1)
+        for i in tl.range(first + tl.program_id(0), last, tl.num_programs(0), num_stages=1):
+            _update_chunk(
+                grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
+                sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
+                step_ptr, lr, eps, beta1, beta2, weight_decay, seed, tl.load(chunk_list_ptr + i), lo, hi,
+                SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
+            )  # fmt: skip
+    elif MODE == 1:
         num_chunks = (hi - lo + CHUNK - 1) // CHUNK
-        for c in tl.range(tl.program_id(0).to(tl.int64), num_chunks, tl.num_programs(0), disable_licm=True):
+        for c in tl.range(tl.program_id(0).to(tl.int64), num_chunks, tl.num_programs(0), num_stages=1):
             _update_chunk(
                 grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
                 sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
@@ -125,6 +136,40 @@ def _chunk_kernel(
                 step_ptr, lr, eps, beta1, beta2, weight_decay, seed, c0, lo, hi,
                 SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
             )  # fmt: skip
+
+
+@triton.jit
+def _listed_chunks_kernel(
+    sorted_rows_ptr, class_pos_ptr, class_chunk_ptr, counts_ptr, chunk_list_ptr, num_classes,
+    WRITE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The chunks where a run starts, in order, by the first position of each: a head (a
+    run's first id) is its chunk's first head when no head lies between the chunk's start
+    and it. WRITE False: each program counts its block's; True: writes them, at the
+    running total of the blocks before (``counts_ptr``: the inclusive sums then)."""
+    block = tl.program_id(0)
+    q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    classes = tl.arange(0, 8)
+    bounds = tl.load(class_pos_ptr + classes, mask=classes <= num_classes, other=1 << 62)
+    end = tl.max(tl.where(classes == num_classes, bounds, 0), axis=0)
+    valid = q < end
+    klass = tl.sum((q[:, None] >= bounds[None, :]).to(tl.int32), axis=1) - 1  # class of each position
+    pick = classes[None, :] == klass[:, None]
+    lo = tl.sum(tl.where(pick, bounds[None, :], 0), axis=1)
+    chunk = tl.sum(tl.where(pick, tl.load(class_chunk_ptr + classes)[None, :], 0), axis=1)
+    chunk_start = lo + (q - lo) // chunk * chunk
+    row = tl.load(sorted_rows_ptr + q, mask=valid, other=-1)
+    prev = tl.load(sorted_rows_ptr + q - 1, mask=valid & (q > lo), other=-1)
+    before_chunk = tl.load(sorted_rows_ptr + chunk_start - 1, mask=valid & (chunk_start > lo), other=-2)
+    head = valid & ((q == lo) | (row != prev))
+    first = head & ((q == chunk_start) | ((chunk_start > lo) & (prev == before_chunk)))
+    marks = first.to(tl.int32)
+    if WRITE:
+        offset = tl.load(counts_ptr + block - 1, mask=block > 0, other=0)
+        slots = offset + tl.cumsum(marks, axis=0) - marks
+        tl.store(chunk_list_ptr + slots, chunk_start, mask=first)
+    else:
+        tl.store(counts_ptr + block, tl.sum(marks, axis=0))
 
 
 @triton.jit
@@ -212,21 +257,18 @@ def _enters_long(sorted_rows_ptr, b, lo, hi, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first, limit, row,
-             cols, SCALED: tl.constexpr, STEP: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
-    """The summed gradient rows of ``row``'s ids from sorted position ``first`` on, below
-    ``limit``, STEP ids a gather, in order, until one is another row's."""
+def _piece_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first, limit, row,
+               cols, SCALED: tl.constexpr, STEP: tl.constexpr, SPAN: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """The summed gradient rows of ``row``'s ids in sorted positions [first, limit), at
+    most SPAN of them, STEP a gather: two rounds of loads (rows and operands of every
+    position, then the row's gradient rows), whatever the span."""
     total = tl.zeros([cols.shape[0]], dtype=tl.float32)
-    pos = first
-    going_on = pos < limit
-    while going_on:
-        q = pos + tl.arange(0, STEP)
+    for k in tl.static_range(SPAN // STEP):
+        q = first + k * STEP + tl.arange(0, STEP)
         inside = q < limit
         member = inside & (tl.load(sorted_rows_ptr + q, mask=inside, other=-1) == row)
-        start, scale, dim = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, sorted_dim_ptr, q, member, SCALED)
+        start, scale, dim = _id_operands(sorted_grad_offset_ptr, sorted_scale_ptr, sorted_dim_ptr, q, inside, SCALED)
         total += tl.sum(_gather_gradients(grad_ptr, start, scale, member, cols, dim, SCALED, ALIGN), axis=0)
-        pos += STEP
-        going_on = (tl.max((inside & ~member).to(tl.int32), axis=0) == 0) & (pos < limit)
     return total
 
 
@@ -260,21 +302,27 @@ def _segment_kernel(
             segment, marked = _next_marked(marked, segments)
             b = lo + segment * SEGMENT
             row = tl.max(tl.where(segments == segment, rows, -1), axis=0)
-            total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, b,
-                             tl.minimum(b + SEGMENT, hi), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
+            total = _piece_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, b,
+                               tl.minimum(b + SEGMENT, hi), row, cols, SCALED, STEP, SEGMENT, ALIGN)  # fmt: skip
             tl.store(segment_sums_ptr + (b // SEGMENT + klass) * slot_stride + cols, total)
 
 
 @triton.jit
-def _unit_sums(sorted_rows_ptr, sums_ptr, units, count, unit_ids, lo, hi, row, klass, slot_stride, cols):
-    """The sum of the sums of units ``units`` (of ``unit_ids`` ids from ``lo``; those below
-    ``count``) whose first id is ``row``'s (the run enters them)."""
-    starts = lo + units * unit_ids
-    inside = (units < count) & (starts < hi)
-    member = inside & (tl.load(sorted_rows_ptr + starts, mask=inside, other=-1) == row)
-    slots = starts // unit_ids + klass
-    sums = tl.load(sums_ptr + slots[:, None] * slot_stride + cols[None, :], mask=member[:, None], other=0.0)
-    return tl.sum(sums, axis=0)
+def _unit_sums(sorted_rows_ptr, sums_ptr, first_unit, count, unit_ids, lo, hi, row, klass, slot_stride, cols,
+               FAN_IN: tl.constexpr):  # fmt: skip
+    """The sum of the sums of the FAN_IN units from ``first_unit`` (of ``unit_ids`` ids from
+    ``lo``; those below ``count``) whose first id is ``row``'s (the run enters them), 8 at
+    a time (a tile of 8 rows: no spills at wide rows)."""
+    total = tl.zeros([cols.shape[0]], dtype=tl.float32)
+    for k in tl.static_range(0, FAN_IN, 8):
+        units = first_unit + k + tl.arange(0, 8)
+        starts = lo + units * unit_ids
+        inside = (units < count) & (starts < hi)
+        member = inside & (tl.load(sorted_rows_ptr + starts, mask=inside, other=-1) == row)
+        slots = starts // unit_ids + klass
+        sums = tl.load(sums_ptr + slots[:, None] * slot_stride + cols[None, :], mask=member[:, None], other=0.0)
+        total += tl.sum(sums, axis=0)
+    return total
 
 
 @triton.jit
@@ -297,9 +345,8 @@ def _group_kernel(
         while tl.max(marked.to(tl.int32), axis=0) > 0:
             group, marked = _next_marked(marked, groups)
             row = tl.max(tl.where(groups == group, rows, -1), axis=0)
-            units = group * FAN_IN + tl.arange(0, FAN_IN)
-            total = _unit_sums(sorted_rows_ptr, child_sums_ptr, units, (group + 1) * FAN_IN, unit_ids, lo, hi, row,
-                               klass, slot_stride, cols)  # fmt: skip
+            total = _unit_sums(sorted_rows_ptr, child_sums_ptr, group * FAN_IN, (group + 1) * FAN_IN, unit_ids, lo, hi,
+                               row, klass, slot_stride, cols, FAN_IN)  # fmt: skip
             b = lo + group * group_ids
             tl.store(group_sums_ptr + (b // group_ids + klass) * slot_stride + cols, total)
 
@@ -321,7 +368,6 @@ def _long_run_kernel(
     lo, hi = _class_range(class_pos_ptr, klass)
     cols = tl.arange(0, BLOCK_D)
     one = tl.arange(0, 1)
-    fan = tl.arange(0, FAN_IN)
     group_ids = SEGMENT * FAN_IN
     supergroup_ids = group_ids * FAN_IN
     count = tl.load(long_count_ptr + klass)
@@ -329,30 +375,7 @@ def _long_run_kernel(
     for i in tl.range(tl.program_id(0), count, tl.num_programs(0)):
         first = tl.load(long_runs_ptr + base + i)
         row = tl.load(sorted_rows_ptr + first)
-        segment = (first - lo) // SEGMENT
-        total = _run_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first,
-                         tl.minimum(lo + (segment + 1) * SEGMENT, hi), row, cols, SCALED, STEP, ALIGN)  # fmt: skip
-        # The units a run enters after its first segment, level by level: each level's
-        # units up to the end of the next level's unit, while the run goes on.
-        nxt = segment + 1
-        group_end = (nxt // FAN_IN + 1) * FAN_IN
-        total += _unit_sums(sorted_rows_ptr, segment_sums_ptr, nxt + fan, group_end, SEGMENT, lo, hi, row, klass,
-                            slot_stride, cols)  # fmt: skip
-        edge = lo + group_end * SEGMENT
-        if tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row:
-            nxt = group_end // FAN_IN
-            supergroup_end = (nxt // FAN_IN + 1) * FAN_IN
-            total += _unit_sums(sorted_rows_ptr, group_sums_ptr, nxt + fan, supergroup_end, group_ids, lo, hi, row,
-                                klass, slot_stride, cols)  # fmt: skip
-            nxt = supergroup_end // FAN_IN
-            edge = lo + nxt * supergroup_ids
-            going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
-            while going_on:
-                total += _unit_sums(sorted_rows_ptr, supergroup_sums_ptr, nxt + fan, nxt + FAN_IN, supergroup_ids,
-                                    lo, hi, row, klass, slot_stride, cols)  # fmt: skip
-                nxt += FAN_IN
-                edge = lo + nxt * supergroup_ids
-                going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
+        # The row's weights and state come with the first sums' loads, not after them.
         w_start = tl.load(sorted_w_start_ptr + first + one) // ALIGN * ALIGN
         dim = tl.load(sorted_dim_ptr + first + one)
         active = one >= 0
@@ -360,6 +383,30 @@ def _long_run_kernel(
         w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
         w, m1, m2 = load_row_state(w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr,
                                    OPTIMIZER)  # fmt: skip
+        segment = (first - lo) // SEGMENT
+        total = _piece_sum(grad_ptr, sorted_rows_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, first,
+                           tl.minimum(lo + (segment + 1) * SEGMENT, hi), row, cols, SCALED, STEP, SEGMENT, ALIGN)  # fmt: skip
+        # The units a run enters after its first segment, level by level: each level's
+        # units up to the end of the next level's unit, while the run goes on.
+        nxt = segment + 1
+        group_end = (nxt // FAN_IN + 1) * FAN_IN
+        total += _unit_sums(sorted_rows_ptr, segment_sums_ptr, nxt, group_end, SEGMENT, lo, hi, row, klass,
+                            slot_stride, cols, FAN_IN)  # fmt: skip
+        edge = lo + group_end * SEGMENT
+        if tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row:
+            nxt = group_end // FAN_IN
+            supergroup_end = (nxt // FAN_IN + 1) * FAN_IN
+            total += _unit_sums(sorted_rows_ptr, group_sums_ptr, nxt, supergroup_end, group_ids, lo, hi, row,
+                                klass, slot_stride, cols, FAN_IN)  # fmt: skip
+            nxt = supergroup_end // FAN_IN
+            edge = lo + nxt * supergroup_ids
+            going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
+            while going_on:
+                total += _unit_sums(sorted_rows_ptr, supergroup_sums_ptr, nxt, nxt + FAN_IN, supergroup_ids,
+                                    lo, hi, row, klass, slot_stride, cols, FAN_IN)  # fmt: skip
+                nxt += FAN_IN
+                edge = lo + nxt * supergroup_ids
+                going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
         # One row over all the program's warps: every load lands before any warp stores.
         _update_row_state_and_weights(
             total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim, momentum1_ptr,

@@ -34,8 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.backward_launch import MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
-from tbe_plugin.ops.backward_runs import _chunk_kernel, _group_kernel, _long_run_kernel, _segment_kernel
+from tbe_plugin.ops.backward_launch import CHUNK_MODES, MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
+from tbe_plugin.ops.backward_runs import (
+    _chunk_kernel,
+    _group_kernel,
+    _listed_chunks_kernel,
+    _long_run_kernel,
+    _segment_kernel,
+)
 from tbe_plugin.ops.common import Pooling, new_status
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -278,6 +284,33 @@ def _class_rows(classes: Sequence[int], total_rows: int, dtype: torch.dtype, dev
     return _CLASS_ROWS[key]
 
 
+LIST_BLOCK = 1024  # positions per program of _listed_chunks_kernel
+_CLASS_CHUNKS: dict = {}
+
+
+def _listed_chunks(sorted_rows, class_pos, per_class):
+    """The chunks where a run starts (their first positions, class after class, in order),
+    and where each class's begin among them: two passes of ``_listed_chunks_kernel``
+    (count, then write at the running totals) over the sorted rows."""
+    device, N = sorted_rows.device, sorted_rows.numel()
+    chunk_ids = tuple(c.chunk_ids for c in per_class)
+    key = (chunk_ids, str(device))
+    if key not in _CLASS_CHUNKS:
+        padded = list(chunk_ids) + [1] * (MAX_CLASSES - len(chunk_ids))
+        _CLASS_CHUNKS[key] = torch.tensor(padded, dtype=torch.int32, device=device)
+    class_chunk = _CLASS_CHUNKS[key]
+    blocks = triton.cdiv(N, LIST_BLOCK)
+    counts = torch.empty(blocks, dtype=torch.int32, device=device)
+    # At most one chunk per CHUNK ids of each class, plus a partial chunk per class.
+    chunk_list = torch.full((N // min(chunk_ids) + len(chunk_ids) + 1,), torch.iinfo(torch.int64).max,
+                            dtype=torch.int64, device=device)  # fmt: skip
+    common = (sorted_rows, class_pos, class_chunk)
+    _listed_chunks_kernel[(blocks,)](*common, counts, chunk_list, len(per_class), WRITE=False, BLOCK=LIST_BLOCK)
+    counts = torch.cumsum(counts, 0, dtype=torch.int32)
+    _listed_chunks_kernel[(blocks,)](*common, counts, chunk_list, len(per_class), WRITE=True, BLOCK=LIST_BLOCK)
+    return chunk_list, torch.searchsorted(chunk_list, class_pos)
+
+
 def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
                  classes, launch) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
@@ -307,16 +340,14 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
                  STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
     sms = _multiprocessors(device)
+    mode = 2 - CHUNK_MODES.index(launch.chunk_mode)  # the kernel's MODE: 2 list, 1 loop, 0 grid
+    chunk_list, list_pos = _listed_chunks(sorted_rows, class_pos, per_class) if mode == 2 else (long_runs, class_pos)
     for klass, sizes in enumerate(per_class):
         chunks = triton.cdiv(N, sizes.chunk_ids)
-        # One class: a program per chunk. Several: each class's share is known on the device
-        # only, and a grid for the whole batch per class would be mostly programs with
-        # nothing to do; looping programs instead.
-        loop = launch.chunk_programs_per_sm > 0 or len(per_class) > 1
-        programs = launch.chunk_programs_per_sm or launch.class_chunk_programs_per_sm
-        _chunk_kernel[(min(chunks, sms * programs) if loop else chunks,)](
-            grad_output, *sorted_operands, weights, m1, m2, long_runs, long_count, class_pos, klass, step, *hyper,
-            SCALED=scaled, CHUNK=sizes.chunk_ids, BLOCK_D=sizes.block_d, LOOP=loop,
+        _chunk_kernel[(min(chunks, sms * launch.chunk_programs_per_sm) if mode else chunks,)](
+            grad_output, *sorted_operands, weights, m1, m2, long_runs, long_count, class_pos, chunk_list, list_pos,
+            klass, step, *hyper,
+            SCALED=scaled, CHUNK=sizes.chunk_ids, BLOCK_D=sizes.block_d, MODE=mode,
             HALO=sizes.chunk_ids if launch.chunk_halo else 0, BARRIER=sizes.chunk_warps > 1,
             num_warps=sizes.chunk_warps, **modes,
         )  # fmt: skip
@@ -329,7 +360,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
             _segment_kernel[loop_grid](
                 grad_output, sorted_rows, *sorted_operands[2:], segment_sums, class_pos, klass, stride,
                 SCALED=scaled, BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, SEGMENT=segment, STEP=sizes.step_ids,
-                ALIGN=align, BATCH=batch, num_warps=launch.loop_warps,
+                ALIGN=align, BATCH=batch, num_warps=sizes.loop_warps,
             )  # fmt: skip
         for level, (children, parents) in enumerate(((segment_sums, group_sums), (group_sums, supergroup_sums))):
             unit = segment * fan_in**level
@@ -337,11 +368,11 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
                 _group_kernel[loop_grid](
                     sorted_rows, children, parents, class_pos, klass, unit, stride,
                     BLOCK_D=sizes.block_d, CHUNK=sizes.chunk_ids, FAN_IN=fan_in, BATCH=batch,
-                    num_warps=launch.loop_warps,
+                    num_warps=sizes.loop_warps,
                 )  # fmt: skip
         _long_run_kernel[(sms * launch.loop_programs_per_sm,)](
             grad_output, *sorted_operands, weights, m1, m2, segment_sums, group_sums, supergroup_sums, long_runs,
             long_count, class_pos, klass, stride, step, *hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, SEGMENT=segment, STEP=sizes.step_ids, FAN_IN=fan_in,
-            num_warps=launch.loop_warps, **modes,
+            num_warps=sizes.loop_warps, **modes,
         )  # fmt: skip

@@ -25,7 +25,7 @@ FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
 FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums_ptr", "group_sums_ptr",
                   "supergroup_sums_ptr", "child_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
-INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr", "long_count_ptr")
+INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
 def signature(fn, constexprs, weights, keys):
@@ -119,19 +119,22 @@ def variants():
                     STOCHASTIC_ROUNDING=rounding, BLOCK_D=block_d, ALIGN=4,
                 )  # fmt: skip
                 chunk = dict(modes, CHUNK=sizes.chunk_ids, BARRIER=sizes.chunk_warps > 1)
-                yield runs._chunk_kernel, dict(chunk, LOOP=False, HALO=0), sizes.chunk_warps, weights, "*i32"
-                if optimizer == 1:  # the looping and halo variants (launch options), for one optimizer
-                    yield runs._chunk_kernel, dict(chunk, LOOP=True, HALO=sizes.chunk_ids), sizes.chunk_warps, \
-                        weights, "*i32"  # fmt: skip
+                yield runs._chunk_kernel, dict(chunk, MODE=2, HALO=0), sizes.chunk_warps, weights, "*i32"
+                if optimizer == 1:  # the other modes and the halo (launch options), for one optimizer
+                    for mode in (0, 1):
+                        yield runs._chunk_kernel, dict(chunk, MODE=mode, HALO=sizes.chunk_ids * mode), \
+                            sizes.chunk_warps, weights, "*i32"  # fmt: skip
                 yield runs._long_run_kernel, dict(modes, SEGMENT=launch.segment_ids, STEP=sizes.step_ids,
-                                                  FAN_IN=launch.fan_in), launch.loop_warps, weights, "*i64"
+                                                  FAN_IN=launch.fan_in), sizes.loop_warps, weights, "*i64"
             yield runs._segment_kernel, dict(SCALED=True, BLOCK_D=block_d, CHUNK=sizes.chunk_ids,
                                              SEGMENT=launch.segment_ids, STEP=sizes.step_ids, ALIGN=4,
                                              BATCH=launch.batch), \
-                launch.loop_warps, weights, "*i64"  # fmt: skip
+                sizes.loop_warps, weights, "*i64"  # fmt: skip
             yield runs._group_kernel, dict(BLOCK_D=block_d, CHUNK=sizes.chunk_ids, FAN_IN=launch.fan_in,
                                            BATCH=launch.batch), \
-                launch.loop_warps, weights, "*i64"  # fmt: skip
+                sizes.loop_warps, weights, "*i64"  # fmt: skip
+    for write in (False, True):
+        yield runs._listed_chunks_kernel, dict(WRITE=write, BLOCK=backward.LIST_BLOCK), 4, "*fp32", "*i32"
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     positions = dict(backward.POSITIONS_CONFIG)
     yield backward._positions_kernel, dict(

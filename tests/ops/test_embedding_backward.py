@@ -118,19 +118,19 @@ def test_int64_row_keys(monkeypatch):
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, weighted=True, lr=0.05)
 
 
-def small_launch(chunk_elements, segment_ids, fan_in, chunk_programs_per_sm=0, halo=False):
+def small_launch(chunk_elements, segment_ids, fan_in, mode="list", halo=False):
     """Tiny chunks, segments and fan-ins, so that a few hundred ids cross every level."""
-    return RunsLaunch(chunk_elements=chunk_elements, chunk_halo=halo, chunk_warps=1,
-                      chunk_programs_per_sm=chunk_programs_per_sm, segment_ids=segment_ids, step_elements=64,
-                      fan_in=fan_in, loop_warps=1, loop_programs_per_sm=1, batch=4,
-                      class_chunk_programs_per_sm=2)  # fmt: skip
+    return RunsLaunch(chunk_elements=chunk_elements, chunk_halo=halo, chunk_warps=1, chunk_mode=mode,
+                      chunk_programs_per_sm=2, segment_ids=segment_ids, step_elements=64, fan_in=fan_in,
+                      loop_warps=1, loop_programs_per_sm=1, batch=4)  # fmt: skip
 
 
-# (chunk elements, segment ids, fan-in, looping chunk programs per multiprocessor, halo).
-# At BLOCK_D 16 and 32 (the tables' tiles): chunks of 2 and 1 ids and supergroups of 16
-# ids; chunks of 4 and 2 with halos, looping over the batch; chunks of 1 and segments of
-# 2 ids; the defaults.
-LAUNCHES = [(32, 4, 2, 0, False), (128, 8, 2, 2, True), (16, 2, 2, 0, False), (512, 64, 32, 0, False)]
+# (chunk elements, segment ids, fan-in, chunk mode, halo). At BLOCK_D 16 and 32 (the
+# tables' tiles): listed chunks of 2 and 1 ids and supergroups of 16 ids; chunks of 4 and
+# 2 with halos, looping over every chunk; chunks of 1 and segments of 2 ids, a program per
+# chunk; the defaults.
+LAUNCHES = [(32, 4, 2, "list", False), (128, 8, 2, "loop", True), (16, 2, 2, "grid", False),
+            (512, 64, 32, "list", False)]  # fmt: skip
 
 
 @pytest.mark.parametrize("launch", LAUNCHES, ids=lambda launch: "-".join(map(str, launch)))
@@ -172,12 +172,30 @@ def test_tables_of_four_tiles_each_use_their_own():
     train_and_compare(emb, "PARTIAL_ROWWISE_ADAM", steps=2, B=10, max_len=8, hot=0.6, lr=0.05)
 
 
+def test_listed_chunks_are_those_where_a_run_starts():
+    """The list of chunks the chunk kernel visits: per class (its ids from class_pos, cut
+    into chunks of its CHUNK), the chunks holding a run's first id, in order; a chunk
+    inside a hot row is not listed."""
+    from tbe_plugin.ops.embedding_backward import _listed_chunks
+    from tbe_plugin.ops.backward_launch import ClassLaunch
+
+    rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 5, 7, 9, 9, 9], dtype=torch.int32)
+    class_pos = torch.tensor([0, 12, 22])  # class 0: rows 0-2 (chunks of 4); class 1: rows 5-9 (chunks of 2)
+    per_class = [ClassLaunch(16, 4, 1, 8, 4), ClassLaunch(32, 2, 1, 8, 4)]
+    chunk_list, list_pos = _listed_chunks(rows, class_pos, per_class)
+    expected = [0, 8, 12, 18]  # class 0: chunk 4 holds nothing that starts; class 1: 14, 16 inside row 5, 20 inside row 9
+    assert chunk_list[: len(expected)].tolist() == expected
+    assert list_pos.tolist() == [0, 2, 4]
+
+
 def test_launch_sizes_depend_on_d_only():
     """A chunk gathers 512 gradient elements (4 ids at D=128; as many again with a halo)
     over 2 warps (more beyond 512 elements a warp), long runs 4096 a gather; nothing grows
     with the batch."""
     sizes = [RunsLaunch().for_block_d(d) for d in (16, 128, 512, 2048)]
-    assert [(s.chunk_ids, s.chunk_warps, s.step_ids) for s in sizes] == [(32, 2, 64), (4, 2, 32), (1, 2, 8), (1, 4, 2)]
+    assert [(s.chunk_ids, s.chunk_warps, s.step_ids, s.loop_warps) for s in sizes] == [
+        (32, 2, 64, 4), (4, 2, 32, 4), (1, 2, 8, 16), (1, 4, 2, 16)
+    ]
     with_halo = [RunsLaunch(chunk_elements=1024, chunk_halo=True).for_block_d(d) for d in (16, 128)]
     assert [(s.chunk_ids, s.chunk_warps) for s in with_halo] == [(32, 2), (4, 2)]
     assert runs_launch() == RunsLaunch()
@@ -185,7 +203,8 @@ def test_launch_sizes_depend_on_d_only():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0)],
+    [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),
+     ("chunk_mode", "every")],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):

@@ -26,21 +26,21 @@ def test_every_kernel_compiles_for_sm90(compiled):
     kernels = {r["kernel"] for r in compiled}
     assert {"_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel",
             "_positions_kernel", "_chunk_kernel", "_segment_kernel", "_group_kernel", "_long_run_kernel",
-            "_psw_grad_kernel"} <= kernels  # fmt: skip
+            "_listed_chunks_kernel", "_psw_grad_kernel"} <= kernels  # fmt: skip
     failures = [r for r in compiled if "error" in r]
     assert not failures, json.dumps(failures, indent=1)[:4000]
 
 
 def test_backward_kernels_do_not_spill_registers(compiled):
     """The forward's launch configs were picked by timing on the H200 (some spill a little:
-    the measured trade-off); the backward's chunk, segment and group kernels do not spill
+    the measured trade-off); the backward's chunk and segment kernels do not spill
     at all. The long-run kernel (a program per long run, a few per batch but for hot rows)
-    spills 8-64 bytes a thread for Adam and LAMB at BLOCK_D 16 and 512 (ptxas, sm_90): up
-    to 64 bytes are allowed there."""
+    and the group kernel (a program per group of 2048 ids that a long run enters) spill up
+    to 8 bytes a thread at some tiles (ptxas, sm_90): up to 64 are allowed there."""
     forward_kernels = ("_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel")
 
     def allowed(record):
-        return 64 if record["kernel"] == "_long_run_kernel" else 0
+        return 64 if record["kernel"] in ("_long_run_kernel", "_group_kernel") else 0
 
     unmeasured = [r for r in compiled if "stack_bytes" not in r]  # an unreadable report, or no compile
     assert not unmeasured, json.dumps(unmeasured, indent=1)[:4000]

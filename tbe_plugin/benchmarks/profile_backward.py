@@ -34,10 +34,11 @@ def _launch(**fields):
 CANDIDATES = {
     "default": runs_launch,
     "grid": _launch(chunk_mode="grid"),
+    "auto": _launch(chunk_mode="auto"),
     "loop": _launch(chunk_mode="loop"),
-    "list12": _launch(chunk_programs_per_sm=12),
     "list16": _launch(chunk_programs_per_sm=16),
-    "list_w1": _launch(chunk_warps=1, chunk_programs_per_sm=16),
+    "auto_loop_warps8": _launch(chunk_mode="auto", max_loop_warps=8),
+    "auto_loop_warps4": _launch(chunk_mode="auto", max_loop_warps=4),
     "loop_programs16": _launch(loop_programs_per_sm=16),
 }
 

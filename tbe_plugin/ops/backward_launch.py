@@ -13,7 +13,8 @@ from typing import List, Sequence, Tuple
 
 MIN_BLOCK_D = 16
 MAX_CLASSES = 8
-CHUNK_MODES = ("list", "loop", "grid")  # RunsLaunch.chunk_mode, in the chunk kernel's MODE order 2, 1, 0  # BLOCK_D 16 .. 2048; the kernels read the classes' counters as one vector of 8
+CHUNK_MODES = ("list", "loop", "grid")  # RunsLaunch.chunk_mode, in the chunk kernel's MODE order 2, 1, 0
+AUTO = "auto"  # chunk_mode: grid for one class of tiles, list for several  # BLOCK_D 16 .. 2048; the kernels read the classes' counters as one vector of 8
 
 
 def block_d_of(dim: int) -> int:
@@ -67,7 +68,10 @@ class RunsLaunch:
     """How chunk programs find their chunks: ``list``, a fixed grid looping over the chunks
     where a run starts (listed first: chunks inside hot rows cost nothing); ``loop``, a
     fixed grid looping over every chunk; ``grid``, a program per chunk of the whole batch
-    (per class: those past their class's ids exit at once)."""
+    (per class: those past their class's ids exit at once); ``auto``, grid for one class of
+    tiles and list for several (H200, 3b471d8: grid 2.81 ms against the list's 4.16 at
+    uniform b8192, the list 15.3 against 27.8 on ctr-mix; not yet the default: the suite
+    and the end-to-end run were measured with ``list``)."""
     chunk_programs_per_sm: int = 8
     """Looping chunk programs per multiprocessor (``list``, ``loop``): about as many as fit
     at 96-128 registers on 2 warps."""
@@ -79,7 +83,9 @@ class RunsLaunch:
     fan_in: int = 32
     """Segments per group and groups per supergroup; sums a long run adds per step."""
     loop_warps: int = 4
-    """Warps of the segment, group and long-run programs."""
+    """Warps of the segment, group and long-run programs (at least)."""
+    max_loop_warps: int = 16
+    """At most this many (they grow with the tile: 2048 gathered elements a warp)."""
     loop_programs_per_sm: int = 8
     """Programs per multiprocessor of the segment, group and long-run kernels (they loop)."""
     batch: int = 32
@@ -90,21 +96,29 @@ class RunsLaunch:
             value = getattr(self, name)
             if value < 2 or not _power_of_two(value):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two >= 2, got {value}")
-        for name in ("chunk_warps", "loop_warps"):
+        for name in ("chunk_warps", "loop_warps", "max_loop_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
         for name in ("chunk_programs_per_sm", "loop_programs_per_sm"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RunsLaunch.{name} must be >= 1, got {getattr(self, name)}")
-        if self.chunk_mode not in CHUNK_MODES:
-            raise ValueError(f"RunsLaunch.chunk_mode must be one of {', '.join(CHUNK_MODES)}, got {self.chunk_mode!r}")
+        if self.chunk_mode not in CHUNK_MODES + (AUTO,):
+            raise ValueError(
+                f"RunsLaunch.chunk_mode must be one of {', '.join(CHUNK_MODES + (AUTO,))}, got {self.chunk_mode!r}"
+            )
+
+    def chunk_mode_for(self, num_classes: int) -> str:
+        """The chunk mode used for tables of ``num_classes`` classes of tiles."""
+        if self.chunk_mode == AUTO:
+            return "grid" if num_classes == 1 else "list"
+        return self.chunk_mode
 
     def for_block_d(self, block_d: int) -> ClassLaunch:
         lanes = 2 if self.chunk_halo else 1
         chunk = max(1, min(self.segment_ids // 2, self.chunk_elements // (lanes * block_d)))
         warps = min(16, max(self.chunk_warps, lanes * chunk * block_d // 512))
         step = max(1, min(self.segment_ids, self.step_elements // block_d))
-        loop_warps = min(16, max(self.loop_warps, self.segment_ids * block_d // 2048))
+        loop_warps = min(self.max_loop_warps, max(self.loop_warps, self.segment_ids * block_d // 2048))
         return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps)
 
 

@@ -340,7 +340,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
                  STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
     sms = _multiprocessors(device)
-    mode = 2 - CHUNK_MODES.index(launch.chunk_mode)  # the kernel's MODE: 2 list, 1 loop, 0 grid
+    mode = 2 - CHUNK_MODES.index(launch.chunk_mode_for(len(per_class)))  # the kernel's MODE: 2 list, 1 loop, 0 grid
     chunk_list, list_pos = _listed_chunks(sorted_rows, class_pos, per_class) if mode == 2 else (long_runs, class_pos)
     for klass, sizes in enumerate(per_class):
         chunks = triton.cdiv(N, sizes.chunk_ids)

@@ -201,6 +201,14 @@ def test_launch_sizes_depend_on_d_only():
     assert runs_launch() == RunsLaunch()
 
 
+def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
+    assert [RunsLaunch(chunk_mode="auto").chunk_mode_for(n) for n in (1, 2, 5)] == ["grid", "list", "list"]
+    assert RunsLaunch().chunk_mode_for(1) == "list"
+    emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)  # tiles 16 and 32: two classes
+    emb.backward_launch = RunsLaunch(chunk_mode="auto", segment_ids=4, fan_in=2, loop_programs_per_sm=1, batch=4)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=8, max_len=6, hot=0.6, lr=0.05)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),

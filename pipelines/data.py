@@ -10,19 +10,27 @@ for tables that differ (``tables.workload`` or ``tables.per_table``), drawing on
 device with ``tbe_plugin.workloads``' generator.
 """
 
-from typing import Callable, Iterator, List, Tuple
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from pipelines.config import ConfigError, DataConfig, TablesConfig
+from pipelines.resumable import DataNotReady
 from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
 
 
-def _cycled(make_batch: Callable[[int], object], num_batches: int, distinct: int) -> Iterator[object]:
-    """``num_batches`` batches (-1: endless), ``make_batch(i)`` for the i-th new one; with
-    ``distinct`` > 0 only that many are made, then cycled."""
-    produced, cycle = 0, []
+def _cycled(
+    make_batch: Callable[[int], object], num_batches: int, distinct: int, start: int = 0,
+    position_of: Callable[[int], Dict[str, Any]] = lambda produced: {"batches": produced},
+) -> Iterator[Tuple[object, Dict[str, Any]]]:  # fmt: skip
+    """``(batch, position_of(batches made so far))`` for batches ``start`` .. ``num_batches``
+    - 1 (-1: endless), ``make_batch(i)`` for the i-th new one; with ``distinct`` > 0 only
+    that many are made, then cycled. Starting past 0 remakes the cycle's first batches
+    (a cache of the stream's start, not a position in it)."""
+    cycle = [make_batch(i) for i in range(min(start, distinct))]
+    produced = start
     while num_batches < 0 or produced < num_batches:
         if distinct and len(cycle) == distinct:
             batch = cycle[produced % distinct]
@@ -31,7 +39,7 @@ def _cycled(make_batch: Callable[[int], object], num_batches: int, distinct: int
             if distinct:
                 cycle.append(batch)
         produced += 1
-        yield batch
+        yield batch, position_of(produced)
 
 
 class SyntheticClickLog:
@@ -51,7 +59,18 @@ class SyntheticClickLog:
         self._rng = np.random.default_rng([data.seed, rank, stream])  # stream 1: held-out data
 
     def __iter__(self) -> Iterator[object]:
-        return _cycled(lambda _: self.batch(), self.num_batches, getattr(self.data, "distinct_batches", 0))
+        return (batch for batch, _ in self.batches_from())
+
+    def batches_from(self, position: Optional[Dict[str, Any]] = None) -> Iterator[Tuple[object, Dict[str, Any]]]:
+        """``(batch, position after it)`` from ``position`` (None: the start), on a new
+        instance: the position is the batch count and the generator's state, restored as
+        saved (with ``distinct_batches`` the cycle is remade)."""
+        distinct = getattr(self.data, "distinct_batches", 0)
+        start = position["batches"] if position else 0
+        if position and not distinct:
+            self._rng.bit_generator.state = position["rng"]
+        return _cycled(lambda _: self.batch(), self.num_batches, distinct, start,
+                       lambda produced: {"batches": produced, "rng": self._rng.bit_generator.state})  # fmt: skip
 
     def _ids(self, table: int, count: int) -> np.ndarray:
         rows = self.tables.rows
@@ -122,7 +141,12 @@ class WorkloadClickLog:
         self._dense_weights = (torch.randn(dense_in_features, generator=hidden) / dense_in_features**0.5).to(device)
 
     def __iter__(self) -> Iterator[object]:
-        return _cycled(self.batch, self.num_batches, self.data.distinct_batches)
+        return (batch for batch, _ in self.batches_from())
+
+    def batches_from(self, position: Optional[Dict[str, Any]] = None) -> Iterator[Tuple[object, Dict[str, Any]]]:
+        """``(batch, position after it)`` from ``position`` (None: the start): batch i is a
+        function of i, so the position is the batch count."""
+        return _cycled(self.batch, self.num_batches, self.data.distinct_batches, position["batches"] if position else 0)
 
     def _row_scores(self, tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """A fixed pseudo-random score per (table, row), uniform with variance 1."""
@@ -159,29 +183,53 @@ class CriteoTSV:
     hexadecimal, any of them possibly empty. Dense features become ``log(1 + max(x, 0))``
     (0 when empty); categorical ``c`` of feature ``t`` becomes id ``int(c, 16) % rows``, an
     empty one no id. Rank ``r`` of ``world_size`` reads every ``world_size``-th batch, so the
-    ranks share the files without overlap; a last partial batch is dropped."""
+    ranks share the files without overlap; a last partial batch is dropped.
 
-    def __init__(self, paths, batch_size: int, rows: int, rank: int = 0, world_size: int = 1) -> None:
-        self.paths, self.batch_size, self.rows = list(paths), batch_size, rows
-        self.rank, self.world_size = rank, world_size
+    A file is ready once it exists and, with ``ready_suffix`` (e.g. ``._SUCCESS``), once
+    ``<file><ready_suffix>`` exists too (the writer's marker that the file is whole);
+    reaching one that is not raises ``DataNotReady`` naming what is missing. The position
+    after a batch is the file, the byte offset after the batch's last line and the index
+    of the next batch of all ranks."""
 
-    def _lines(self):
-        for path in self.paths:
-            with open(path) as f:
-                for line in f:
-                    if line.strip():
-                        yield line.rstrip("\n").split("\t")
+    def __init__(
+        self, paths, batch_size: int, rows: int, rank: int = 0, world_size: int = 1, ready_suffix: Optional[str] = None,
+    ) -> None:  # fmt: skip
+        self.paths, self.batch_size, self.rows = [str(p) for p in paths], batch_size, rows
+        self.rank, self.world_size, self.ready_suffix = rank, world_size, ready_suffix
+
+    def missing(self, file: int) -> List[str]:
+        """What file ``file`` of ``paths`` waits for (empty: it is ready)."""
+        wanted = [self.paths[file]] + ([self.paths[file] + self.ready_suffix] if self.ready_suffix else [])
+        return [path for path in wanted if not os.path.exists(path)]
 
     def __iter__(self) -> Iterator[object]:
-        chunk, index = [], 0
-        for fields in self._lines():
-            if len(fields) != 1 + CRITEO_DENSE + CRITEO_SPARSE:
-                raise ValueError(f"Criteo line with {len(fields)} columns, expected {1 + CRITEO_DENSE + CRITEO_SPARSE}")
-            chunk.append(fields)
-            if len(chunk) == self.batch_size:
-                if index % self.world_size == self.rank:
-                    yield self._batch(chunk)
-                chunk, index = [], index + 1
+        return (batch for batch, _ in self.batches_from())
+
+    def batches_from(self, position: Optional[Dict[str, int]] = None) -> Iterator[Tuple[object, Dict[str, int]]]:
+        """``(batch, position after it)`` from ``position`` (None: the first file's start)."""
+        start = position or {"file": 0, "offset": 0, "batch": 0}
+        chunk, index = [], start["batch"]
+        for file in range(start["file"], len(self.paths)):
+            waiting_for = self.missing(file)
+            if waiting_for:
+                raise DataNotReady(waiting_for)
+            with open(self.paths[file], "rb") as f:
+                offset = start["offset"] if file == start["file"] else 0
+                f.seek(offset)
+                for raw in f:
+                    offset += len(raw)
+                    line = raw.decode()
+                    if not line.strip():
+                        continue
+                    fields = line.rstrip("\r\n").split("\t")
+                    if len(fields) != 1 + CRITEO_DENSE + CRITEO_SPARSE:
+                        raise ValueError(f"Criteo line with {len(fields)} columns, expected "
+                                         f"{1 + CRITEO_DENSE + CRITEO_SPARSE}")  # fmt: skip
+                    chunk.append(fields)
+                    if len(chunk) == self.batch_size:
+                        if index % self.world_size == self.rank:
+                            yield self._batch(chunk), {"file": file, "offset": offset, "batch": index + 1}
+                        chunk, index = [], index + 1
 
     def _batch(self, lines):
         from torchrec import KeyedJaggedTensor

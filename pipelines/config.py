@@ -147,9 +147,15 @@ class DataConfig:
     """``synthetic``: generate this many training batches and cycle through them (0: every
     batch new). Large batches take the generator longer than a GPU step; cycling keeps
     the measured step the model's."""
+    criteo_ready_suffix: Optional[str] = None
+    """``criteo``: a file counts as ready once ``<file><suffix>`` exists too (e.g.
+    ``._SUCCESS``, written when the file is whole); null: once the file exists. A job
+    that reaches a file not ready holds (``HOLD.json`` kind ``data``, exit code 4)."""
 
     def __post_init__(self) -> None:
         _require_choice(self.source, DATA_SOURCES, "data.source")
+        _require(self.criteo_ready_suffix is None or bool(self.criteo_ready_suffix), "data.criteo_ready_suffix",
+                 "must be null or a non-empty suffix")  # fmt: skip
         _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
         _require(self.distinct_batches >= 0, "data.distinct_batches", "must be >= 0")
         _require(self.source != "criteo" or bool(self.criteo_paths), "data.criteo_paths", "needed with source=criteo")
@@ -227,10 +233,15 @@ class CheckpointConfig:
     every_steps: int = 0
     """Save every this many steps (0: only at the end and on a pre-emption signal)."""
     resume: bool = True
-    """Resume from the latest checkpoint in ``dir`` when there is one."""
+    """Resume from the newest complete checkpoint in ``dir`` when there is one (incomplete
+    ones, left by a process killed inside a save, are skipped with a warning)."""
+    keep_last: int = 0
+    """Keep the newest this many complete checkpoints, deleting older ones and incomplete
+    leftovers after each save (0: keep every one)."""
 
     def __post_init__(self) -> None:
         _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+        _require(self.keep_last >= 0, "checkpoint.keep_last", "must be >= 0 (0 keeps every checkpoint)")
 
 
 @dataclasses.dataclass
@@ -260,6 +271,20 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass
+class HealthConfig:
+    check_state_every_steps: int = 100
+    """Check a sample of the weights and optimizer state for non-finite values every this
+    many steps (0: only the full check before each checkpoint). The check stays on the
+    device; its flag is read with the losses, every ``logging.every_steps``."""
+    check_state_rows: int = 1024
+    """Rows sampled from each local table, optimizer state and dense tensor per check."""
+
+    def __post_init__(self) -> None:
+        _require(self.check_state_every_steps >= 0, "health.check_state_every_steps", "must be >= 0")
+        _require(self.check_state_rows >= 1, "health.check_state_rows", "must be >= 1")
+
+
+@dataclasses.dataclass
 class TrainConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The network."""
@@ -279,6 +304,8 @@ class TrainConfig:
     """Checkpoints."""
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     """Metrics and progress."""
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    """Checks that put the job on hold (exit code 3) rather than train on non-finite values."""
     steps: int = 200
     """Training steps (batches per rank)."""
     eval_batches: int = 8

@@ -9,17 +9,22 @@ key). Rank 0 shows progress and metrics.
 
 import json
 import logging
+import math
 import os
-import re
 import signal
 import socket
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import hydra
 import torch
 
+from pipelines.checkpoints import CheckpointStore, newest_complete
 from pipelines.config import TrainConfig, register, validate
+from pipelines.holds import (
+    Hold, HealthMonitor, JobHeld, StepSignals, clear_hold, error_hold, local_tensors, permanent_error_reason,
+)  # fmt: skip
 from pipelines.metrics import MetricsLog, phase_times
 
 register()
@@ -126,24 +131,25 @@ def init_tables(dmp, seed: int, bounds: List[float], block_rows: int = 4096) -> 
                     shard.tensor[lo - r0 : hi - r0].copy_(block[lo - first : hi - first, c0 : c0 + m])
 
 
-def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0):
-    """Training (stream 0) or evaluation (stream 1) batches for this rank. Criteo files
-    serve both: evaluation reads them from the start again. Tables that differ are drawn
-    on the device (``WorkloadClickLog``)."""
-    import itertools
-
+def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0, position: Any = None):
+    """Training (stream 0) or evaluation (stream 1) batches for this rank, ``num_batches``
+    of them from ``position`` (a checkpoint's; None: the start), as a ``PositionedBatches``.
+    Criteo files serve both: evaluation reads them from the start again, as far as they are
+    ready. Tables that differ are drawn on the device (``WorkloadClickLog``)."""
     import torch.distributed as dist
 
     from pipelines.data import CriteoTSV, SyntheticClickLog, WorkloadClickLog
+    from pipelines.resumable import PositionedBatches
 
     if cfg.data.source == "criteo":
-        reader = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size())
-        return itertools.islice(iter(reader), num_batches)
-    if not cfg.tables.alike:
+        source: Any = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size(),
+                                ready_suffix=cfg.data.criteo_ready_suffix)  # fmt: skip
+    elif not cfg.tables.alike:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        return iter(WorkloadClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, device, rank, num_batches,
-                                     stream))  # fmt: skip
-    return iter(SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, num_batches, stream))
+        source = WorkloadClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, device, rank, -1, stream)
+    else:
+        source = SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, -1, stream)
+    return PositionedBatches(source.batches_from(position), position, limit=num_batches, stop_when_not_ready=stream == 1)
 
 
 def _set_learning_rates(cfg: TrainConfig, dmp, dense_optimizer, step: int, sparse_base: List[float]) -> None:
@@ -181,18 +187,13 @@ def evaluate(cfg: TrainConfig, dmp, rank: int, device: torch.device) -> Dict[str
     return {"auc": auc, "log_loss": log_loss}
 
 
-# Pre-emption notices: finish the step, drain, save, exit 0. PIPELINES_TRAIN_SIGNAL_AT_STEP=n
-# makes every rank send itself SIGTERM after step n (fault injection, for tests).
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
 _HOST_GROUP: List[Any] = []
 
 
 def host_group():
-    """A gloo group over all ranks for small host-side collectives (the pre-emption flag,
-    the checksum): on GPUs they then neither need device tensors nor sync a stream. Made
-    on first use, which every rank reaches in the same order."""
+    """A gloo group over all ranks for small host-side collectives (the stop flags, the
+    checksum): on GPUs they then neither need device tensors nor sync a stream. Made on
+    first use, which every rank reaches in the same order."""
     import torch.distributed as dist
 
     if not _HOST_GROUP:
@@ -200,23 +201,12 @@ def host_group():
     return _HOST_GROUP[0]
 
 
-class Preemption:
-    """Remembers a pre-emption signal; ``agreed()`` is true on every rank once any got one."""
+def _gathered(value: Any) -> List[Any]:
+    import torch.distributed as dist
 
-    def __init__(self) -> None:
-        self.requested = False
-        for sig in PREEMPTION_SIGNALS:
-            signal.signal(sig, self._notice)
-
-    def _notice(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-    def agreed(self) -> bool:
-        import torch.distributed as dist
-
-        flag = torch.tensor([1 if self.requested else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=host_group())
-        return bool(flag.item())
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value, group=host_group())
+    return out
 
 
 def _checkpoint_state(dmp, dense_optimizer, step: int) -> Dict[str, Any]:
@@ -228,33 +218,15 @@ def _checkpoint_state(dmp, dense_optimizer, step: int) -> Dict[str, Any]:
     }
 
 
-def save_checkpoint(cfg: TrainConfig, dmp, dense_optimizer, step: int) -> str:
-    """Model, fused and dense optimizer states and the step, with torch.distributed.checkpoint
-    (the data position is the step: the synthetic stream is replayed up to it)."""
-    import torch.distributed.checkpoint as dcp
-
-    path = os.path.join(cfg.checkpoint.dir, f"step_{step}")
-    dcp.save(_checkpoint_state(dmp, dense_optimizer, step), checkpoint_id=path)
-    return path
-
-
-def latest_checkpoint(directory: Optional[str]) -> Optional[str]:
-    steps = []
-    if directory and os.path.isdir(directory):
-        steps = [int(m.group(1)) for name in os.listdir(directory) if (m := re.fullmatch(r"step_(\d+)", name))]
-    return os.path.join(directory, f"step_{max(steps)}") if steps else None
-
-
-def load_checkpoint(path: str, dmp, dense_optimizer) -> int:
-    """Restores what ``save_checkpoint`` wrote; returns its step."""
-    import torch.distributed.checkpoint as dcp
-
+def _restore(store: CheckpointStore, path: str, dmp, dense_optimizer) -> Tuple[int, Any]:
+    """Loads the checkpoint at ``path`` into the model and both optimizers; returns its
+    step and this rank's data position."""
     state = _checkpoint_state(dmp, dense_optimizer, 0)
-    dcp.load(state, checkpoint_id=path)
+    step, position = store.load(path, state)
     dmp.load_state_dict(state["model"])
     dmp.fused_optimizer.load_state_dict(state["fused"])
     dense_optimizer.load_state_dict(state["dense"])
-    return int(state["step"])
+    return step, position
 
 
 def weights_checksum(dmp) -> float:
@@ -272,14 +244,27 @@ def weights_checksum(dmp) -> float:
     return total.item()
 
 
+def _inject_faults(step: int, dmp) -> None:
+    """Fault injection for the tests, after step n on every rank: PIPELINES_TRAIN_SIGNAL_AT_STEP=n
+    sends SIGTERM (a scheduler's notice); PIPELINES_FAULT_NAN_AT_STEP=n fills a dense weight
+    with NaN (a diverging run). PIPELINES_FAULT_KILL_IN_SAVE: see pipelines.checkpoints."""
+    if step == int(os.environ.get("PIPELINES_TRAIN_SIGNAL_AT_STEP", -1)):
+        os.kill(os.getpid(), signal.SIGTERM)
+    if step == int(os.environ.get("PIPELINES_FAULT_NAN_AT_STEP", -1)):
+        with torch.no_grad():
+            next(p for name, p in dmp.named_parameters() if "embedding_bags" not in name).fill_(float("nan"))
+
+
 def train(cfg: TrainConfig) -> Dict[str, Any]:
-    """The whole job on an initialized process group; returns the metrics."""
+    """The whole job on an initialized process group; returns the metrics. Stops on a hold
+    by raising ``JobHeld`` (``main`` writes it): the ranks agree on a pre-emption, data
+    not ready and non-finite values, while a permanent error may reach one rank only."""
     import torch.distributed as dist
 
     from pipelines.staleness import StalenessTrainPipeline
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    host_group()  # every rank makes it here, first
+    host = host_group()  # every rank makes it here, first
     torch.manual_seed(cfg.data.seed)  # the dense layers' initial weights, the same on every rank and backend
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dmp, dense_optimizer = build_model(cfg, device, world_size)
@@ -288,17 +273,17 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag,
         tbe_max_sms=cfg.pipeline.tbe_max_sms,
     )
-    first_step = 0
-    resume_from = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    store = CheckpointStore(cfg.checkpoint.dir, cfg.checkpoint.keep_last, host) if cfg.checkpoint.dir else None
+    first_step, position = 0, None
+    resume_from = store.newest(announce=rank == 0) if store and cfg.checkpoint.resume else None
     if resume_from:
-        first_step = load_checkpoint(resume_from, dmp, dense_optimizer)
+        first_step, position = _restore(store, resume_from, dmp, dense_optimizer)
         if rank == 0:
             print(f"[rank 0] resumed from {resume_from} at step {first_step}", flush=True)
-    batches = make_batches(cfg, rank, cfg.steps)
-    for _ in range(first_step):  # the data position: replay the stream up to the step
-        next(batches)
-    preemption = Preemption()
-    signal_at = int(os.environ.get("PIPELINES_TRAIN_SIGNAL_AT_STEP", -1))
+    batches = make_batches(cfg, rank, cfg.steps - first_step, position=position)
+    signals = StepSignals(host)
+    health = HealthMonitor(device, cfg.health.check_state_every_steps, cfg.health.check_state_rows, cfg.data.seed)
+    saved: Dict[str, Any] = {"step": first_step if resume_from else None, "path": resume_from}
     progress = None
     if rank == 0 and cfg.logging.progress_bar:
         from tqdm import tqdm
@@ -312,22 +297,27 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     losses, start = [], time.perf_counter()
     step, profiler, profiled_ms, profiled_batches = first_step, None, [], 0
     pending: List[Tuple[int, torch.Tensor, Optional[float]]] = []  # losses not yet read (no sync per step)
+    bad: Dict[str, Any] = {"loss_step": None, "state": False}  # this rank's non-finite findings, once read
 
     def trained(loss: torch.Tensor, step_ms: Optional[float]) -> None:
         nonlocal profiled_batches
         profiled_batches += profiler is not None
         pending.append((step, loss.detach().float().reshape(()), step_ms))
+        health.note_loss(pending[-1][1])
         if len(pending) >= cfg.logging.every_steps:
             read_losses()
 
-    def read_losses() -> None:  # one host sync for every_steps steps
+    def read_losses() -> None:  # one host sync for every_steps steps, one more for the health flags
         if not pending:
             return
         for (at, _, step_ms), value in zip(pending, torch.stack([p[1] for p in pending]).tolist()):
+            if bad["loss_step"] is None and not math.isfinite(value):
+                bad["loss_step"] = at
             losses.append(value)
             rate = cfg.data.batch_size * world_size / (step_ms / 1e3) if step_ms else None
             log.record("step", at, loss=value, step_ms=step_ms, examples_per_s=rate)
         pending.clear()
+        bad["state"] = bad["state"] or health.read()[1]
 
     def drain() -> None:  # the batches in flight, trained and logged (no step time of their own)
         nonlocal step
@@ -336,59 +326,96 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
             trained(output[0], None)
         read_losses()
 
-    while step < cfg.steps:
-        _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
-        if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after and rank == 0:
-            profiler = _start_profiler(device)  # rank 0 only: it alone records the phases
-        began = time.perf_counter()
-        try:
-            loss, _, _ = pipeline.progress(batches)
-        except StopIteration:
-            break
-        step += 1
-        step_ms = (time.perf_counter() - began) * 1e3  # host time: the queue bounds how far it runs ahead
-        trained(loss, step_ms)
-        if profiler is not None:
-            profiled_ms.append(step_ms)
-            if len(profiled_ms) == cfg.logging.profile_steps:
-                profiler.stop()
-                log.record("phases", step, **phase_times(profiler.events(), profiled_batches,
-                                                         sorted(profiled_ms)[len(profiled_ms) // 2],
-                                                         device.type == "cuda"))  # fmt: skip
-                profiler = None
+    def hold_if(unhealthy: bool) -> None:
+        """An agreed non-finite finding: every rank raises the same hold, named by all ranks' reports."""
+        if not unhealthy:
+            return
+        reports = _gathered((bad["loss_step"], bad["state"]))
+        loss_steps = [s for s, _ in reports if s is not None]
+        reason = "non_finite_loss" if loss_steps else "non_finite_state"
+        hold = Hold("error", reason, min(loss_steps) if loss_steps else step, saved["path"], rank=rank)
+        raise JobHeld(hold, agreed=True)
+
+    def checkpoint() -> Optional[str]:
+        """Drains, checks the whole state on every rank (a bad one holds instead), saves
+        unless nothing trained since the last save; returns the newest checkpoint."""
+        drain()
+        if bad["loss_step"] is None and not bad["state"]:
+            bad["state"] = not health.all_finite(local_tensors(_checkpoint_state(dmp, dense_optimizer, step)))
+        hold_if(signals.agree(unhealthy=bad["loss_step"] is not None or bad["state"]).unhealthy)
+        if store is not None and saved["step"] != step:
+            state = _checkpoint_state(dmp, dense_optimizer, step)
+            saved.update(step=step, path=store.save(state, step, batches.position_after(step - first_step)))
+        return saved["path"]
+
+    lookahead = cfg.pipeline.staleness + 2  # the most batches one progress() draws
+    try:
+        while step < cfg.steps:
+            waiting = batches.waiting_for(lookahead)
+            agreed = signals.agree(waiting_for_data=bool(waiting), unhealthy=bad["loss_step"] is not None or bad["state"])
+            hold_if(agreed.unhealthy)
+            if agreed.preempted:
+                path = checkpoint() if store else "(no checkpoint.dir)"
+                if rank == 0:
+                    print(f"[rank 0] pre-empted after step {step}: checkpoint {path}; exiting", flush=True)
+                raise JobHeld(Hold("preempted", "preemption_signal", step, saved["path"], rank=rank), agreed=True)
+            if agreed.waiting_for_data:
+                checkpoint()  # what was trained since the last checkpoint is kept
+                waits = sorted({path for ranks_waits in _gathered(waiting) for path in ranks_waits})
+                if rank == 0:
+                    print(f"[rank 0] data not ready after step {step}: waiting for {', '.join(waits)}; "
+                          f"checkpoint {saved['path']}; exiting", flush=True)  # fmt: skip
+                raise JobHeld(Hold("data", "data_not_ready", step, saved["path"], waiting_for=waits, rank=rank), True)
+            _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
+            if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after and rank == 0:
+                profiler = _start_profiler(device)  # rank 0 only: it alone records the phases
+            began = time.perf_counter()
+            try:
+                loss, _, _ = pipeline.progress(batches)
+            except StopIteration:
+                break
+            step += 1
+            step_ms = (time.perf_counter() - began) * 1e3  # host time: the queue bounds how far it runs ahead
+            trained(loss, step_ms)
+            health.sample_state(step, lambda: local_tensors(_checkpoint_state(dmp, dense_optimizer, step)))
+            _inject_faults(step, dmp)
+            if profiler is not None:
+                profiled_ms.append(step_ms)
+                if len(profiled_ms) == cfg.logging.profile_steps:
+                    profiler.stop()
+                    log.record("phases", step, **phase_times(profiler.events(), profiled_batches,
+                                                             sorted(profiled_ms)[len(profiled_ms) // 2],
+                                                             device.type == "cuda"))  # fmt: skip
+                    profiler = None
+            if progress is not None:
+                progress.update(1)
+                if not pending and losses:  # the losses were just read
+                    rate = (step - first_step) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
+                    progress.set_postfix(loss=f"{losses[-1]:.4f}", examples_per_s=f"{rate:.0f}")
+            if store and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                checkpoint()
+            if cfg.eval_every_steps and cfg.eval_batches and step % cfg.eval_every_steps == 0 and step < cfg.steps:
+                drain()
+                pipeline.detach()  # evaluation runs the model's own forwards; progress() re-attaches
+                log.record("eval", step, **evaluate(cfg, dmp, rank, device))
+        checkpoint_path = checkpoint()  # drains; no metrics, no checkpoint from a non-finite state
+    except Exception as error:
+        reason = None if isinstance(error, JobHeld) else permanent_error_reason(error)
+        if reason is None:
+            raise
+        raise JobHeld(error_hold(error, reason, step, saved["path"], rank), agreed=False) from error
+    finally:
         if progress is not None:
-            progress.update(1)
-            if not pending and losses:  # the losses were just read
-                rate = (step - first_step) * cfg.data.batch_size * world_size / (time.perf_counter() - start)
-                progress.set_postfix(loss=f"{losses[-1]:.4f}", examples_per_s=f"{rate:.0f}")
-        if step == signal_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        if preemption.agreed():
-            drain()  # the batches already drawn
-            path = save_checkpoint(cfg, dmp, dense_optimizer, step) if cfg.checkpoint.dir else "(no checkpoint.dir)"
-            if rank == 0:
-                print(f"[rank 0] pre-empted after step {step}: checkpoint {path}; exiting", flush=True)
-            log.close()
-            return {"preempted_at": step, "checkpoint": path}
-        if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-            drain()
-            save_checkpoint(cfg, dmp, dense_optimizer, step)
-        if cfg.eval_every_steps and cfg.eval_batches and step % cfg.eval_every_steps == 0 and step < cfg.steps:
-            drain()
-            pipeline.detach()  # evaluation runs the model's own forwards; progress() re-attaches
-            log.record("eval", step, **evaluate(cfg, dmp, rank, device))
-    drain()
+            progress.close()
     pipeline.detach()  # the model's own forwards, for evaluation
-    if progress is not None:
-        progress.close()
     metrics = {"steps": first_step + len(losses), "first_loss": losses[0] if losses else None,
                "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
                "weights_checksum": weights_checksum(dmp)}  # fmt: skip
     if cfg.eval_batches:
         metrics.update(evaluate(cfg, dmp, rank, device))
         log.record("eval", first_step + len(losses), auc=metrics["auc"], log_loss=metrics["log_loss"])
-    if cfg.checkpoint.dir:
-        metrics["checkpoint"] = save_checkpoint(cfg, dmp, dense_optimizer, first_step + len(losses))
+    if store:
+        metrics["checkpoint"] = checkpoint_path
     log.record("final", first_step + len(losses), **metrics)
     log.close()
     if rank == 0:
@@ -405,17 +432,46 @@ def _start_profiler(device: torch.device):
     return profiler
 
 
+def _run_dir() -> str:
+    """Hydra's run directory (this app's is the working directory): where HOLD.json goes."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
+
+
+def _write_hold(hold: Hold, run_dir: str) -> int:
+    path = hold.write(run_dir)
+    where = f"; last good checkpoint {hold.last_good_checkpoint}" if hold.last_good_checkpoint else ""
+    print(f"[rank {hold.rank}] hold ({hold.kind}): {hold.reason} at step {hold.step}{where}; {path}", flush=True)
+    return hold.exit_code
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(raw_cfg: Any) -> None:
+    """Validates, trains, closes; exits with the hold's code when the job holds (3: a
+    permanent error, 4: data not ready; 0 after a pre-emption)."""
     import torch.distributed as dist
 
     cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
-    _init_distributed()
+    rank = _init_distributed()[0]
+    run_dir, code = _run_dir(), 0
+    if rank == 0:
+        clear_hold(run_dir)  # an earlier launch's: this one is running
+    dist.barrier(group=host_group())
     try:
         train(cfg)
+    except JobHeld as held:
+        code = _write_hold(held.hold, run_dir) if not held.agreed or rank == 0 else held.hold.exit_code
+    except Exception as error:  # before the first step: building, planning, resuming
+        reason = permanent_error_reason(error)
+        if reason is None:
+            raise
+        code = _write_hold(error_hold(error, reason, None, newest_complete(cfg.checkpoint.dir), rank), run_dir)
     finally:
         dist.destroy_process_group()
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

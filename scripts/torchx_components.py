@@ -5,6 +5,11 @@ pipeline.staleness=1`` (from the repository root). The same component targets to
 cluster schedulers (``-s slurm``, ``-s kubernetes``, with an image holding this project),
 e.g. ``torchx run -s slurm scripts/torchx_components.py:train --nnodes 4 --nproc_per_node 8
 --gpu 8 -- experiment=ab_triton_stale1``.
+
+The job exits 3 on a permanent-error hold and 4 on a data hold (``HOLD.json`` in its
+working directory says why): torchrun is run under ``python -m pipelines.supervise
+--once``, which passes those codes through (torchrun alone exits 1 for both), so a
+scheduler's retry policy can tell them from a crash.
 """
 
 import torchx.specs as specs
@@ -34,7 +39,12 @@ def train(
         rdzv_port: rendezvous port
     """
     env = {} if gpu > 0 else {"TRITON_INTERPRET": "1"}
-    return dist.ddp(
+    app = dist.ddp(
         *overrides, m="pipelines.train", j=f"{nnodes}x{nproc_per_node}", gpu=gpu, cpu=cpu, memMB=memMB,
         image=image, name="tbe-train", env=env, rdzv_port=rdzv_port,
     )  # fmt: skip
+    role = app.roles[0]
+    if role.entrypoint != "bash" or role.args[:1] != ["-c"]:  # torchx's layout, probed: it may change
+        raise RuntimeError(f"torchx dist.ddp gave entrypoint {role.entrypoint!r} {role.args[:1]}, expected bash -c")
+    role.args = ["-c", f"python -m pipelines.supervise --once -- {role.args[1]}"]
+    return app

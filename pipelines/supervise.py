@@ -78,8 +78,14 @@ class Supervisor:
         return False
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._forward)
+        previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _supervise(self) -> int:
         attempt, restarts = 1, 0
         while True:
             code = self.launch(attempt)

@@ -4,7 +4,10 @@ Builds TorchRec's DLRM (or DLRM-DCN) over an ``EmbeddingBagCollection``, shards 
 chosen backend's sharders and our planner, trains it with ``StalenessTrainPipeline`` on
 the configured data, evaluates AUC and log loss, and saves a checkpoint when asked. The
 config is validated before any process group starts (a bad override fails naming its
-key). Rank 0 shows progress and metrics.
+key). Rank 0 shows progress and metrics. A job that must not go on holds instead
+(``pipelines.holds``: ``HOLD.json``, exit code 3 on a permanent error, 4 while its data is
+not ready); checkpoints are committed whole and hold every rank's data position
+(``pipelines.checkpoints``, ``pipelines.resumable``).
 """
 
 import json

@@ -9,13 +9,16 @@ groups in ``conf/`` select these schemas; ``register()`` puts them in Hydra's Co
 import dataclasses
 from typing import Any, Dict, List, Optional
 
+from pipelines.inputs.scaling import ScalingPolicy
+
 BACKENDS = ("triton", "fbgemm")
 MODELS = ("dlrm", "dcn")
 SPARSE_OPTIMIZERS = ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 LR_SCHEDULES = ("constant", "linear_warmup")
 SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard")
-DATA_SOURCES = ("synthetic", "criteo")
+DATA_SOURCES = ("synthetic", "criteo", "sig")
+SIG_RAW_LOGS = ("synthetic", "tsv")
 # Per-table workloads the tables can be drawn from (``tbe_plugin.workloads`` builds them).
 TABLE_WORKLOADS = ("ctr_dlrm",)
 BAG_LENGTHS = ("poisson", "fixed")
@@ -134,9 +137,72 @@ class TablesConfig:
 
 
 @dataclasses.dataclass
+class SigReadersConfig(ScalingPolicy):
+    """``data.sig.readers``: the reader pool's scaling policy (fields: ``ScalingPolicy``)."""
+
+    min_readers: int = 1
+    max_readers: int = 2
+    queue_capacity: int = 4
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            raise ConfigError(f"data.sig.readers.{error}") from error
+
+
+@dataclasses.dataclass
+class SigDataConfig:
+    """``data.sig``: batches from shared input generation (``pipelines.inputs``)."""
+
+    store: str = "sig-store"
+    """URL of the SIG store (a local directory; ``s3://``, ``gs://`` where fsspec has them)."""
+    service: Optional[str] = None
+    """URL of a SIG service (``python -m pipelines.inputs.service``) to ask instead of the
+    store itself; null: readers use the store directly."""
+    raw: str = "synthetic"
+    """The raw click log: ``synthetic`` (written into ``raw_dir`` on first use) or ``tsv``
+    (``raw_paths``, Criteo-format files, one partition each)."""
+    raw_dir: str = "sig-raw"
+    """``synthetic``: where its partitions' TSV files go."""
+    raw_seed: int = 0
+    """``synthetic``: the seed of the log."""
+    raw_paths: List[str] = dataclasses.field(default_factory=list)
+    """``tsv``: the files, training partitions first, then the evaluation ones."""
+    rows_per_partition: int = 4096
+    """``synthetic``: events per partition (a ``tsv`` file's lines must hold as many)."""
+    train_partitions: int = 8
+    """Partitions 0..n-1 are training data (each rank cycles over its share)."""
+    eval_partitions: int = 1
+    """The partitions after those are evaluation data."""
+    window: int = 64
+    """Events over which the user's activity feature counts the user's earlier events."""
+    publish: bool = True
+    """Readers store the parts SIG lacked (so later jobs, epochs and ranks find them)."""
+    readers: SigReadersConfig = dataclasses.field(default_factory=SigReadersConfig)
+    """The training readers' pool (evaluation reads in the trainer's process)."""
+    decisions_file: Optional[str] = None
+    """JSON lines of every scaling decision of the training readers' pool; ``{rank}`` in it
+    becomes the rank (null: none written)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.store), "data.sig.store", "must not be empty")
+        _require_choice(self.raw, SIG_RAW_LOGS, "data.sig.raw")
+        _require(self.rows_per_partition >= 1, "data.sig.rows_per_partition", "must be >= 1")
+        _require(self.train_partitions >= 1, "data.sig.train_partitions", "must be >= 1")
+        _require(self.eval_partitions >= 1, "data.sig.eval_partitions", "must be >= 1")
+        _require(self.window >= 1, "data.sig.window", "must be >= 1")
+        _require(self.raw != "tsv" or len(self.raw_paths) >= self.train_partitions + self.eval_partitions,
+                 "data.sig.raw_paths", "needs train_partitions + eval_partitions files with raw=tsv")  # fmt: skip
+
+
+@dataclasses.dataclass
 class DataConfig:
     source: str = "synthetic"
-    """``synthetic`` (generated per seed and rank) or ``criteo`` (TSV files, Criteo's format)."""
+    """``synthetic`` (generated per seed and rank), ``criteo`` (TSV files, Criteo's format)
+    or ``sig`` (features read through shared input generation: ``data.sig``)."""
+    sig: SigDataConfig = dataclasses.field(default_factory=SigDataConfig)
+    """``sig``: the store, the raw log and the readers."""
     batch_size: int = 256
     """Examples per batch on each rank."""
     seed: int = 0
@@ -157,6 +223,8 @@ class DataConfig:
         _require(self.criteo_ready_suffix is None or bool(self.criteo_ready_suffix), "data.criteo_ready_suffix",
                  "must be null or a non-empty suffix")  # fmt: skip
         _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        _require(self.source != "sig" or self.sig.rows_per_partition >= self.batch_size, "data.sig.rows_per_partition",
+                 f"must be >= data.batch_size ({self.batch_size}): batches do not span partitions")  # fmt: skip
         _require(self.distinct_batches >= 0, "data.distinct_batches", "must be >= 0")
         _require(self.source != "criteo" or bool(self.criteo_paths), "data.criteo_paths", "needed with source=criteo")
 
@@ -321,6 +389,11 @@ class TrainConfig:
             _require(self.tables.num_tables == 26, "tables.num_tables", "must be 26 with data.source=criteo")
             _require(self.tables.alike, "tables.workload", "criteo's ids need tables alike (no workload, no per_table)")
             _require(self.model.dense_in_features == 13, "model.dense_in_features", "must be 13 with source=criteo")
+        if isinstance(self.data, DataConfig) and self.data.source == "sig":
+            _require(3 <= self.tables.num_tables <= 28, "tables.num_tables",
+                     "must be 3..28 with data.source=sig (hashed c0.., a cross, the user's activity)")  # fmt: skip
+            _require(self.tables.alike, "tables.workload", "sig's ids need tables alike (no workload, no per_table)")
+            _require(self.model.dense_in_features <= 13, "model.dense_in_features", "must be <= 13 with source=sig")
         if isinstance(self.model, ModelConfig) and isinstance(self.tables, TablesConfig):
             _require(self.model.dense_arch_layer_sizes[-1] == self.tables.dim, "model.dense_arch_layer_sizes",
                      f"must end in tables.dim ({self.tables.dim}): DLRM's interaction joins them")  # fmt: skip

@@ -144,8 +144,12 @@ def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0,
     from pipelines.data import CriteoTSV, SyntheticClickLog, WorkloadClickLog
     from pipelines.resumable import PositionedBatches
 
-    if cfg.data.source == "criteo":
-        source: Any = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size(),
+    if cfg.data.source == "sig":
+        from pipelines.inputs.batches import sig_batches
+
+        source: Any = sig_batches(cfg, rank, dist.get_world_size(), stream)
+    elif cfg.data.source == "criteo":
+        source = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size(),
                                 ready_suffix=cfg.data.criteo_ready_suffix)  # fmt: skip
     elif not cfg.tables.alike:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q hydra-core==1.3.2 omegaconf==2.3.0 torchx==0.7.0
 	# The app's TensorBoard events and the A/B report's plots.
 	$(PIP) install -q tensorboard==2.21.0 matplotlib==3.10.8
+	# Shared input generation (pipelines/inputs): Parquet/Arrow and the store's filesystems.
+	$(PIP) install -q pyarrow==26.0.1 fsspec==2026.9.0
 	$(PIP) install -q -e ".[test]"
 	touch $(STAMP)
 

@@ -38,15 +38,22 @@ log = logging.getLogger(__name__)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BOOTSTRAP = (
-    "import os, sys, types\n"
-    "root = sys.argv[1]\n"
+    "import importlib, os, sys, types\n"
+    "root, target = sys.argv[1], sys.argv[2]\n"
     "sys.path.insert(0, root)\n"
     "package = types.ModuleType('pipelines')\n"
     "package.__path__ = [os.path.join(root, 'pipelines')]\n"
     "sys.modules['pipelines'] = package\n"
-    "from pipelines.inputs.pool import reader_main\n"
-    "reader_main(sys.argv[2])\n"
+    "module, _, function = target.partition(':')\n"
+    "getattr(importlib.import_module(module), function)(*sys.argv[3:])\n"
 )
+
+
+def light_command(target: str, *args: str) -> List[str]:
+    """The command line of a process that calls ``target`` (``module:function``) with
+    ``args`` under a bare ``pipelines`` package: none of ``pipelines/__init__``'s imports
+    (torch, TorchRec: seconds per process) run, only the modules ``target`` needs."""
+    return [sys.executable, "-c", _BOOTSTRAP, _ROOT, target, *args]
 
 
 def reader_from_spec(spec: Dict[str, Any]) -> SigReader:
@@ -135,7 +142,7 @@ class ReaderPool:
 
     # -- reader processes (called with the lock held) --
     def _spawn(self) -> None:
-        process = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, _ROOT, self.spec_json],
+        process = subprocess.Popen(light_command("pipelines.inputs.pool:reader_main", self.spec_json),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         reader = _Reader(process)
         self._readers.append(reader)

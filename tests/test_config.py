@@ -35,6 +35,7 @@ def test_every_group_option_composes(group, option):
     companions = {  # what an option needs set elsewhere to be valid
         ("data", "criteo"): ["data.criteo_paths=[day_0.tsv]", "tables.num_tables=26"],
         ("tables", "dlrm_h200"): ["model.dense_arch_layer_sizes=[512,256,128]"],
+        ("tables", "ctr_dlrm"): ["model.dense_arch_layer_sizes=[512,256,128]"],
     }
     cfg = compose(f"{group}={option}", *companions.get((group, option), []))
     assert getattr(cfg, group) is not None

@@ -14,6 +14,7 @@ from typing import List, Sequence, Tuple
 MIN_BLOCK_D = 16
 MAX_CLASSES = 8
 CHUNK_MODES = ("list", "loop", "grid")  # RunsLaunch.chunk_mode, in the chunk kernel's MODE order 2, 1, 0
+DESIGNS = ("chunks", "pieces")  # RunsLaunch.design
 AUTO = "auto"  # chunk_mode: grid for one class of tiles, list for several  # BLOCK_D 16 .. 2048; the kernels read the classes' counters as one vector of 8
 
 
@@ -50,6 +51,13 @@ class ClassLaunch:
     loop_warps: int
     """Warps of the segment, group and long-run programs: a segment's gathers (all issued
     at once) take 2048 elements a warp."""
+    piece_runs: int = 1
+    """Pieces a pieces-kernel program sums side by side (lanes of its tile)."""
+    piece_warps: int = 2
+    """Warps of a pieces-kernel program."""
+    tree_warps: int = 2
+    """Warps of the cell-group and multi-run programs (their sums of 8 partials a load
+    take 1024 elements a warp)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,18 +98,45 @@ class RunsLaunch:
     """Programs per multiprocessor of the segment, group and long-run kernels (they loop)."""
     batch: int = 32
     """Segments (groups) the segment (group) kernel looks at with one load each."""
+    design: str = "chunks"
+    """Which kernels sum the runs: ``chunks`` (``backward_runs``: chunk programs own the runs
+    that start in them, longer runs by segments, groups and a program per long run; the
+    design measured at 3b471d8) or ``pieces`` (``backward_pieces``: every run cut at
+    multiples of ``piece_ids`` into pieces, a piece a lane of a small program, partials of
+    runs that cross a multiple summed by a fixed tree; untimed on the GPU, not yet the
+    default)."""
+    piece_ids: int = 64
+    """``pieces``: ids per cell of the grid that cuts runs (a run within one cell is summed
+    and updated by one lane; memory: 8 * max BLOCK_D / piece_ids bytes per id)."""
+    piece_elements: int = 512
+    """``pieces``: gradient elements of a pieces program's tile: RUNS = piece_elements /
+    BLOCK_D pieces side by side, at least 1 (4 at D=128)."""
+    piece_warps: int = 2
+    """``pieces``: warps of a pieces program (more when its tile exceeds 512 elements a warp)."""
+    tree_warps: int = 2
+    """``pieces``: warps of the cell-group and multi-run programs (at least; more when their
+    sums of 8 partials a load exceed 1024 elements a warp, up to max_loop_warps)."""
+    piece_unroll: int = 4
+    """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
+    piece_programs_per_sm: int = 16
+    """``pieces``: looping pieces programs per multiprocessor."""
 
     def __post_init__(self) -> None:
-        for name in ("chunk_elements", "segment_ids", "step_elements", "fan_in", "batch"):
+        for name in ("chunk_elements", "segment_ids", "step_elements", "fan_in", "batch", "piece_ids",
+                     "piece_elements"):
             value = getattr(self, name)
             if value < 2 or not _power_of_two(value):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two >= 2, got {value}")
-        for name in ("chunk_warps", "loop_warps", "max_loop_warps"):
+        for name in ("chunk_warps", "loop_warps", "max_loop_warps", "piece_warps", "tree_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
-        for name in ("chunk_programs_per_sm", "loop_programs_per_sm"):
+        for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_programs_per_sm", "piece_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RunsLaunch.{name} must be >= 1, got {getattr(self, name)}")
+        if self.design not in DESIGNS:
+            raise ValueError(f"RunsLaunch.design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
+        if self.piece_unroll > 16:
+            raise ValueError(f"RunsLaunch.piece_unroll must be at most 16 (gathers unrolled), got {self.piece_unroll}")
         if self.chunk_mode not in CHUNK_MODES + (AUTO,):
             raise ValueError(
                 f"RunsLaunch.chunk_mode must be one of {', '.join(CHUNK_MODES + (AUTO,))}, got {self.chunk_mode!r}"
@@ -119,7 +154,11 @@ class RunsLaunch:
         warps = min(16, max(self.chunk_warps, lanes * chunk * block_d // 512))
         step = max(1, min(self.segment_ids, self.step_elements // block_d))
         loop_warps = min(self.max_loop_warps, max(self.loop_warps, self.segment_ids * block_d // 2048))
-        return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps)
+        runs = max(1, self.piece_elements // block_d)
+        piece_warps = min(16, max(self.piece_warps, runs * block_d // 512))
+        tree_warps = min(self.max_loop_warps, max(self.tree_warps, 8 * block_d // 1024))
+        return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps,
+                           piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps)  # fmt: skip
 
 
 def runs_launch() -> RunsLaunch:

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.backward_launch import CHUNK_MODES, MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
+from tbe_plugin.ops.backward_pieces import _cell_groups_kernel, _multi_runs_kernel, _piece_marks_kernel, _pieces_kernel
 from tbe_plugin.ops.backward_runs import (
     _chunk_kernel,
     _group_kernel,
@@ -323,6 +324,10 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     # Where each class's sorted ids begin (one search per class: the ids are sorted).
     class_pos = torch.searchsorted(sorted_rows, _class_rows(classes, total_rows, sorted_rows.dtype, device))
     per_class = [launch.for_block_d(bd) for bd in block_ds]
+    if launch.design == "pieces":
+        _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align,
+                       class_pos, per_class, launch)  # fmt: skip
+        return
     segment, fan_in = launch.segment_ids, launch.fan_in
     long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)
     # A long run outlasts its chunk and halo: at most one per CHUNK + 2 ids.
@@ -375,4 +380,70 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
             long_count, class_pos, klass, stride, step, *hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, SEGMENT=segment, STEP=sizes.step_ids, FAN_IN=fan_in,
             num_warps=sizes.loop_warps, **modes,
+        )  # fmt: skip
+
+
+MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
+
+
+def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
+                   per_class, launch) -> None:  # fmt: skip
+    """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
+    classes at once; then per class its pieces, the group sums of its multi runs' cells
+    (two levels, where the batch has ids enough) and its multi runs. No host sync: the
+    counts stay on the device, the looping grids are fixed."""
+    sorted_rows = sorted_operands[0]
+    device, N = weights.device, sorted_rows.numel()
+    piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
+    cells = N // piece + 1
+    blocks = triton.cdiv(N + 1, MARKS_BLOCK)
+    counts = torch.empty((blocks, 2), dtype=torch.int64, device=device)
+    # Pieces: at most a head per id, a grid point per cell, and the end; the entries past
+    # the count stay above every position, so that searchsorted finds the classes' pieces.
+    unset = torch.iinfo(torch.int64).max
+    piece_starts = torch.full((N + cells + 1,), unset, dtype=torch.int64, device=device)
+    multi_heads = torch.full((cells + 1,), unset, dtype=torch.int64, device=device)
+    lists = (piece_starts, multi_heads)
+    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, counts, *lists, WRITE=False, PIECE=piece,
+                                   BLOCK=MARKS_BLOCK)  # fmt: skip
+    totals = torch.cumsum(counts, 0)
+    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, totals, *lists, WRITE=True, PIECE=piece,
+                                   BLOCK=MARKS_BLOCK)  # fmt: skip
+    class_piece_pos = torch.searchsorted(piece_starts, class_pos)
+    class_multi_pos = torch.searchsorted(multi_heads, class_pos)
+    stride = max(c.block_d for c in per_class)
+    cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
+    levels = [triton.cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
+    group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
+    if step is None:
+        step = sorted_rows  # never read: only Adam and LAMB take a step count
+    m1 = momentum1 if momentum1 is not None else weights
+    m2 = momentum2 if momentum2 is not None else weights
+    hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
+    modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
+                 STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
+    sms = _multiprocessors(device)
+    _, sorted_w_start, sorted_dim, _, _ = sorted_operands
+    for klass, sizes in enumerate(per_class):
+        pieces_grid = min(triton.cdiv(N + cells, sizes.piece_runs), sms * launch.piece_programs_per_sm)
+        _pieces_kernel[(pieces_grid,)](
+            grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
+            stride, N, step, *hyper,
+            SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
+            BARRIER=sizes.piece_warps > 1, num_warps=sizes.piece_warps, **modes,
+        )  # fmt: skip
+        if N <= piece:
+            continue  # no run crosses a grid point
+        tree_grid = (sms * launch.loop_programs_per_sm,)
+        for level, (children, parents) in enumerate(((cell_sums, group_sums), (group_sums, supergroup_sums))):
+            unit = piece * fan_in**level
+            if N > unit * fan_in:
+                _cell_groups_kernel[tree_grid](
+                    sorted_rows, children, parents, class_pos, klass, unit, stride,
+                    BLOCK_D=sizes.block_d, FAN_IN=fan_in, num_warps=sizes.tree_warps,
+                )  # fmt: skip
+        _multi_runs_kernel[tree_grid](
+            sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, cell_sums, cells, group_sums, supergroup_sums,
+            multi_heads, class_multi_pos, class_pos, klass, stride, step, *hyper,
+            BLOCK_D=sizes.block_d, PIECE=piece, FAN_IN=fan_in, num_warps=sizes.tree_warps, **modes,
         )  # fmt: skip

@@ -6,6 +6,8 @@ compared after every step. The reference aggregates duplicate ids densely and ap
 dtype (round to nearest: stochastic rounding is tested separately).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -214,7 +216,8 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
 @pytest.mark.parametrize(
     "field, value",
     [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),
-     ("chunk_mode", "every")],
+     ("chunk_mode", "every"), ("design", "runs"), ("piece_ids", 48), ("piece_elements", 1), ("piece_warps", 32),
+     ("tree_warps", 0), ("piece_programs_per_sm", 0), ("piece_unroll", 32)],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):
@@ -455,3 +458,122 @@ def test_training_hot_rows_the_same_every_time_on_cuda(optimizer):
     for states_a, states_b in zip(modules[0].split_optimizer_states(), modules[1].split_optimizer_states()):
         for a, b in zip(states_a, states_b):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+# The ``pieces`` design (``ops.backward_pieces``), at sizes that make a few hundred ids
+# cross every level: cells of 4 ids (runs of 4 fill one; runs cross cell edges), groups of
+# 2 cells and supergroups of 4 groups (32 ids: the hot row walks several supergroups).
+PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, piece_warps=1, tree_warps=1,
+                    piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
+
+
+def test_pieces_hot_rows_across_cells_groups_and_supergroups():
+    """One row in most lookups (its run crosses many cells, groups and supergroups),
+    the others' runs shorter, longer and exactly as long as a cell, starting anywhere."""
+    emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
+    emb.backward_launch = PIECES
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_pieces_every_optimizer(optimizer):
+    """Every optimizer's update from the pieces kernel (whole runs) and the multi-run
+    kernel (runs crossing a cell edge), MEAN pooling with per-sample weights."""
+    emb = build(optimizer, "MEAN", learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(PIECES, piece_ids=2)
+    train_and_compare(emb, optimizer, steps=1, B=6, max_len=8, hot=0.6, weighted=True, lr=0.05)
+
+
+def dyadic(shape, seed, scale=8):
+    """Values k / scale, |k| <= scale: every sum of a few thousand of them (and of their
+    products with other such values) is exact in fp32, in any order."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-scale, scale + 1, shape, generator=g).float() / scale
+
+
+def step_both_designs(optimizer, dtype=torch.float32, specs=SPECS, ftm=FEATURE_TABLE_MAP, B=6, hot=0.7, seed=0):
+    """One step of the chunk design (HEAD's default) and of the pieces design from the same
+    weights, on the same batch with dyadic gradients and per-sample weights; both modules."""
+    modules = []
+    for launch in (None, PIECES):
+        emb = build(optimizer, dtype=dtype, specs=specs, ftm=ftm, learning_rate=0.05)
+        emb.backward_launch = launch
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        indices, offsets = make_bags(rows, B=B, max_len=10, seed=seed, hot_fraction=hot)
+        psw = dyadic((indices.numel(),), seed + 1, scale=4)
+        out = emb(indices, offsets, psw)
+        out.backward(dyadic(out.shape, seed).to(out.dtype))
+        modules.append(emb)
+    return modules
+
+
+def assert_bitwise_equal(a, b):
+    assert torch.equal(a.weights, b.weights)
+    for states_a, states_b in zip(a.split_optimizer_states(), b.split_optimizer_states()):
+        for x, y in zip(states_a, states_b):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "optimizer, dtype, specs, ftm",
+    [
+        ("EXACT_ROWWISE_ADAGRAD", torch.float16, [(23, 8), (9, 20), (30, 4), (12, 40), (7, 130)], [0, 1, 2, 3, 4, 0]),
+        ("LAMB", torch.bfloat16, [(23, 8)], [0]),
+        ("ADAM", torch.float32, SPECS, FEATURE_TABLE_MAP),
+    ],
+    ids=["rowwise-fp16-five-tiles", "lamb-bf16-one-table", "adam-fp32"],
+)
+def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, specs, ftm):
+    """Where every sum is exact (dyadic gradients and weights), the order of sums cannot
+    show: then both designs must give the same tables and states bit for bit (the same
+    rows updated once each, by the same formulas, with the same gradient)."""
+    chunks, pieces = step_both_designs(optimizer, dtype, specs, ftm)
+    assert_bitwise_equal(chunks, pieces)
+    assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
+
+
+def test_pieces_deterministic_with_inexact_sums():
+    """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
+    bit (every sum in a fixed order)."""
+    results = []
+    for _ in range(2):
+        emb = build("PARTIAL_ROWWISE_ADAM", learning_rate=0.05)
+        emb.backward_launch = PIECES
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        indices, offsets = make_bags(rows, B=6, max_len=10, seed=3, hot_fraction=0.8)
+        out = emb(indices, offsets)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)))
+        results.append(emb)
+    assert_bitwise_equal(*results)
+
+
+def test_pieces_empty_batch_and_empty_bags():
+    """A batch of empty bags changes nothing; one table with empty bags among others
+    trains as the reference does."""
+    emb = build("EXACT_ADAGRAD", specs=[(23, 8)], ftm=[0], learning_rate=0.05)
+    emb.backward_launch = PIECES
+    before = emb.weights.clone()
+    out = emb(torch.zeros(0, dtype=torch.int64), torch.zeros(5, dtype=torch.int64))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(emb.weights, before)
+    train_and_compare(emb, "EXACT_ADAGRAD", steps=1, B=8, max_len=3, hot=0.5, lr=0.05)
+
+
+def test_piece_marks_list_pieces_and_multi_runs():
+    """Cells of 4 ids: a piece starts at every run's first id and at every multiple of 4
+    inside a run, and at the end of the valid ids (sentinels after it); a multi run is
+    one whose row is still there at the next multiple of 4."""
+    from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
+
+    sentinel = torch.iinfo(torch.int32).max
+    rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],
+                        dtype=torch.int32)  # fmt: skip
+    class_pos = torch.tensor([0, 12, 21])
+    counts = torch.empty((1, 2), dtype=torch.int64)
+    starts = torch.full((32,), -1, dtype=torch.int64)
+    multi = torch.full((8,), -1, dtype=torch.int64)
+    _piece_marks_kernel[(1,)](rows, class_pos, 2, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=32)
+    assert counts.tolist() == [[11, 2]]
+    _piece_marks_kernel[(1,)](rows, class_pos, 2, counts.cumsum(0), starts, multi, WRITE=True, PIECE=4, BLOCK=32)
+    assert starts[:12].tolist() == [0, 4, 8, 9, 10, 12, 16, 17, 18, 20, 21, -1]
+    assert multi[:3].tolist() == [0, 12, -1]  # row 0 crosses 4 and 8, row 5 crosses 16; row 2 ends at 12

@@ -1,0 +1,209 @@
+"""The backward's piece design (``RunsLaunch.design == "pieces"``): work follows the runs.
+
+The sorted positions are cut at every run's first id (a head) and at every multiple of
+PIECE (a grid point) inside a run: each *piece* is part of one run, at most PIECE ids.
+A run that crosses no grid point is one piece (*whole*); one that does (a *multi* run:
+all runs of more than PIECE ids, and shorter ones that straddle a grid point) has a head
+piece and one piece per grid point it crosses.
+
+- ``_piece_marks_kernel`` (two passes: count per block, then write at the running totals):
+  the pieces' first positions (``piece_starts``, sorted, with the end of the valid ids as
+  a last entry, so that piece i ends at ``piece_starts[i + 1]``) and the multi runs' heads
+  (``multi_heads``). Rows of all classes at once: a class's first id is a head, so no
+  piece crosses classes, and no position needs its class.
+- ``_pieces_kernel``, per class: RUNS pieces per program a round (1-2 warps), each summed
+  in id order, UNROLL gathers in flight; a whole piece updates its row there and then,
+  another stores its sum as a partial of its cell (first position // PIECE) in
+  ``cell_sums``: a grid piece at slot ``cell``, a head piece at ``head_slots + cell`` (a
+  cell has at most one of each: two runs starting in one cell cannot both cross its end).
+  Distinct rows and hot rows' pieces alike are a piece a lane: the work follows the ids.
+- ``_cell_groups_kernel``, per class and level: for each group of FAN_IN cells (groups)
+  whose first grid point is inside a run begun before it, that run's partials in the
+  group summed in a fixed order (HEAD's group sums, over cells of the global grid).
+- ``_multi_runs_kernel``, per class: each multi run, a program each in turn: its head
+  piece, its cells to the end of their group, its groups to the end of their supergroup,
+  then its supergroups FAN_IN a step; then the row's update. A run of n ids costs about
+  2 + log_FAN_IN(n / PIECE) rounds of loads in this kernel, however hot its row.
+
+Every sum has a fixed order (a piece in id order, partials by cell): results are bitwise
+the same from run to run. Memory beyond the sorted operands: two fp32 rows (of the widest
+tile) per cell and 1/FAN_IN of one per level above, and 8 bytes per piece.
+
+Lives in ``tbe_plugin.ops``: imports Triton only.
+"""
+
+import triton
+import triton.language as tl
+
+from tbe_plugin.ops.backward_runs import _gather_gradients, _unit_sums, _update_row_state_and_weights
+from tbe_plugin.ops.optimizers import load_row_state
+
+
+@triton.jit
+def _piece_marks_kernel(
+    sorted_rows_ptr, class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr,
+    WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Marks, per position q up to the end of the valid ids (``end``, the last class's
+    bound; sentinel ids lie after it): a piece starts at q when q is a head, a grid point
+    or ``end``; a multi run's head is a head whose row is still there at the next grid
+    point. WRITE False: each program counts its block's marks of both kinds
+    (``counts_ptr[block, 2]``); True: writes them at the running totals (then the
+    inclusive sums over blocks)."""
+    block = tl.program_id(0)
+    q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    end = tl.load(class_pos_ptr + num_classes)
+    inside = q < end
+    row = tl.load(sorted_rows_ptr + q, mask=inside, other=-1)
+    prev = tl.load(sorted_rows_ptr + q - 1, mask=inside & (q > 0), other=-2)
+    head = inside & (row != prev)
+    piece = head | (inside & (q % PIECE == 0)) | (q == end)
+    next_grid = (q // PIECE + 1) * PIECE
+    crosses = head & (next_grid < end)
+    multi = crosses & (tl.load(sorted_rows_ptr + next_grid, mask=crosses, other=-3) == row)
+    piece_marks = piece.to(tl.int32)
+    multi_marks = multi.to(tl.int32)
+    if WRITE:
+        piece_base = tl.load(counts_ptr + 2 * block - 2, mask=block > 0, other=0)
+        multi_base = tl.load(counts_ptr + 2 * block - 1, mask=block > 0, other=0)
+        tl.store(piece_starts_ptr + piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks, q, mask=piece)
+        tl.store(multi_heads_ptr + multi_base + tl.cumsum(multi_marks, axis=0) - multi_marks, q, mask=multi)
+    else:
+        tl.store(counts_ptr + 2 * block, tl.sum(piece_marks, axis=0))
+        tl.store(counts_ptr + 2 * block + 1, tl.sum(multi_marks, axis=0))
+
+
+@triton.jit
+def _pieces_kernel(
+    grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    weights_ptr, momentum1_ptr, momentum2_ptr, piece_starts_ptr, class_piece_pos_ptr, cell_sums_ptr, head_slots,
+    klass, slot_stride, num_indices, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
+    STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
+    RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr,
+):  # fmt: skip
+    """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
+    piece's gradient rows summed in id order (UNROLL gathers issued at once); a whole run
+    is updated, a piece of a multi run stores its sum as a partial of its cell."""
+    first = tl.load(class_piece_pos_ptr + klass)
+    last = tl.load(class_piece_pos_ptr + klass + 1)
+    lane = tl.arange(0, RUNS)
+    cols = tl.arange(0, BLOCK_D)
+    for base in tl.range(first + tl.program_id(0) * RUNS, last, tl.num_programs(0) * RUNS, num_stages=1):
+        i = base + lane
+        live = i < last
+        start = tl.load(piece_starts_ptr + i, mask=live, other=0)
+        stop = tl.load(piece_starts_ptr + i + 1, mask=live, other=0)
+        row = tl.load(sorted_rows_ptr + start, mask=live, other=-1)
+        prev = tl.load(sorted_rows_ptr + start - 1, mask=live & (start > 0), other=-2)
+        after = tl.load(sorted_rows_ptr + stop, mask=live & (stop < num_indices), other=-2)
+        dim = tl.load(sorted_dim_ptr + start, mask=live, other=0)
+        w_start = tl.load(sorted_w_start_ptr + start, mask=live, other=0) // ALIGN * ALIGN
+        head = row != prev
+        whole = live & head & (after != row)
+        row_mask = live[:, None] & (cols[None, :] < dim[:, None])
+        w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+        w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,
+                                   OPTIMIZER)  # fmt: skip
+        length = tl.where(live, stop - start, 0)
+        total = tl.zeros([RUNS, BLOCK_D], dtype=tl.float32)
+        for k0 in tl.range(0, tl.max(length, axis=0), UNROLL, num_stages=1):
+            for u in tl.static_range(UNROLL):
+                member = (k0 + u) < length
+                q = start + k0 + u
+                g_start = tl.load(sorted_grad_offset_ptr + q, mask=member, other=0)
+                scale = tl.load(sorted_scale_ptr + q, mask=member & SCALED, other=1.0)
+                total += _gather_gradients(grad_ptr, g_start, scale, member, cols, dim, SCALED, ALIGN)
+        _update_row_state_and_weights(
+            total, w, m1, m2, whole, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
+            step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+            BARRIER,
+        )  # fmt: skip
+        partial = live & ~whole
+        slot = start // PIECE + tl.where(head, head_slots, 0)
+        tl.store(cell_sums_ptr + slot[:, None] * slot_stride + cols[None, :], total, mask=partial[:, None])
+        if BARRIER:
+            tl.debug_barrier()  # the next round's loads of row-wise state after this round's stores
+
+
+@triton.jit
+def _cell_groups_kernel(
+    sorted_rows_ptr, child_sums_ptr, group_sums_ptr, class_pos_ptr, klass, unit_ids, slot_stride,
+    BLOCK_D: tl.constexpr, FAN_IN: tl.constexpr,
+):  # fmt: skip
+    """For each group of FAN_IN units (cells, or groups of cells) of ``unit_ids`` ids whose
+    first position b lies inside the class and inside a run begun before b: the sum of
+    that run's units in the group (a prefix of it), in the group's slot. Other groups
+    store nothing."""
+    lo = tl.load(class_pos_ptr + klass)
+    hi = tl.load(class_pos_ptr + klass + 1)
+    cols = tl.arange(0, BLOCK_D)
+    group_ids = unit_ids * FAN_IN
+    for group in tl.range(lo // group_ids + 1 + tl.program_id(0), (hi + group_ids - 1) // group_ids,
+                          tl.num_programs(0)):  # fmt: skip
+        b = group * group_ids
+        row = tl.load(sorted_rows_ptr + b, mask=b < hi, other=-1)
+        before = tl.load(sorted_rows_ptr + b - 1, mask=(b > lo) & (b < hi), other=-2)
+        if row == before:
+            total = _unit_sums(sorted_rows_ptr, child_sums_ptr, group * FAN_IN, (group + 1) * FAN_IN, unit_ids, 0, hi,
+                               row, 0, slot_stride, cols, FAN_IN)  # fmt: skip
+            tl.store(group_sums_ptr + group * slot_stride + cols, total)
+
+
+@triton.jit
+def _multi_runs_kernel(
+    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, cell_sums_ptr,
+    head_slots, group_sums_ptr, supergroup_sums_ptr, multi_heads_ptr, class_multi_pos_ptr, class_pos_ptr,
+    klass, slot_stride, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr, FAN_IN: tl.constexpr,
+):  # fmt: skip
+    """The class's multi runs, a program each in turn: the head piece's sum, then the
+    partials of the cells the run enters to the end of their group, of the groups to the
+    end of their supergroup, and of the supergroups, FAN_IN a step; then the row's update."""
+    hi = tl.load(class_pos_ptr + klass + 1)
+    first_run = tl.load(class_multi_pos_ptr + klass)
+    last_run = tl.load(class_multi_pos_ptr + klass + 1)
+    cols = tl.arange(0, BLOCK_D)
+    one = tl.arange(0, 1)
+    group_ids = PIECE * FAN_IN
+    supergroup_ids = group_ids * FAN_IN
+    for i in tl.range(first_run + tl.program_id(0), last_run, tl.num_programs(0)):
+        head = tl.load(multi_heads_ptr + i)
+        row = tl.load(sorted_rows_ptr + head)
+        w_start = tl.load(sorted_w_start_ptr + head + one) // ALIGN * ALIGN
+        dim = tl.load(sorted_dim_ptr + head + one)
+        active = one >= 0
+        row_mask = cols[None, :] < dim[:, None]
+        w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+        w, m1, m2 = load_row_state(w_ptrs, w_start, row + one, cols, row_mask, active, momentum1_ptr, momentum2_ptr,
+                                   OPTIMIZER)  # fmt: skip
+        cell = head // PIECE
+        total = tl.load(cell_sums_ptr + (head_slots + cell) * slot_stride + cols)
+        # The units the run enters after its head's cell, level by level: each level's
+        # units up to the end of the next level's unit, while the run goes on.
+        nxt = cell + 1
+        group_end = (nxt // FAN_IN + 1) * FAN_IN
+        total += _unit_sums(sorted_rows_ptr, cell_sums_ptr, nxt, group_end, PIECE, 0, hi, row, 0, slot_stride, cols,
+                            FAN_IN)  # fmt: skip
+        edge = group_end * PIECE
+        if tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row:
+            nxt = group_end // FAN_IN
+            supergroup_end = (nxt // FAN_IN + 1) * FAN_IN
+            total += _unit_sums(sorted_rows_ptr, group_sums_ptr, nxt, supergroup_end, group_ids, 0, hi, row, 0,
+                                slot_stride, cols, FAN_IN)  # fmt: skip
+            nxt = supergroup_end // FAN_IN
+            edge = nxt * supergroup_ids
+            going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
+            while going_on:
+                total += _unit_sums(sorted_rows_ptr, supergroup_sums_ptr, nxt, nxt + FAN_IN, supergroup_ids, 0, hi,
+                                    row, 0, slot_stride, cols, FAN_IN)  # fmt: skip
+                nxt += FAN_IN
+                edge = nxt * supergroup_ids
+                going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
+        _update_row_state_and_weights(
+            total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim, momentum1_ptr,
+            momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE,
+            STOCHASTIC_ROUNDING, True,
+        )  # fmt: skip
+        tl.debug_barrier()  # the next run's loads after this row's stores, in every warp

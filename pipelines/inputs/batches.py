@@ -104,9 +104,14 @@ class SigBatches:
         return (batch for batch, _ in self.batches_from())
 
 
+def app_graph(cfg: Any) -> TransformGraph:
+    """The transform graph of the app's job (``cfg`` a validated ``TrainConfig``): as many
+    dense features as the model takes, one sparse feature per table, hashed into its rows."""
+    return ctr_graph(num_dense=cfg.model.dense_in_features, num_sparse=cfg.tables.num_tables, rows=cfg.tables.rows,
+                     window=cfg.data.sig.window)  # fmt: skip
+
+
 def sig_batches(cfg: Any, rank: int, world_size: int, stream: int) -> SigBatches:
     """The app's source for ``data.source=sig`` (``cfg`` a validated ``TrainConfig``)."""
-    graph = ctr_graph(num_dense=cfg.model.dense_in_features, num_sparse=cfg.tables.num_tables, rows=cfg.tables.rows,
-                      window=cfg.data.sig.window)  # fmt: skip
-    return SigBatches(cfg.data.sig, graph, cfg.data.batch_size, rank, world_size, stream)
+    return SigBatches(cfg.data.sig, app_graph(cfg), cfg.data.batch_size, rank, world_size, stream)
 

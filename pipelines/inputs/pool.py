@@ -13,7 +13,8 @@ waited on an empty queue. A reader that dies has its partition read by another.
 A reader process exchanges frames of JSON and Arrow IPC with the pool over its stdin and
 stdout (``pipelines.inputs.wire``): no pickle. It starts with a bare ``pipelines`` package
 (its path, none of its ``__init__``), so it imports pyarrow, numpy and fsspec, not torch.
-Ray actors (readers on other machines) are not a backend yet.
+Readers run as processes on this machine (``ScalingPolicy.backend`` ``process``); Ray actors
+(readers on other machines, ``ray``) are not built, and the policy refuses them by name.
 """
 
 import collections
@@ -59,7 +60,7 @@ def light_command(target: str, *args: str) -> List[str]:
 def reader_from_spec(spec: Dict[str, Any]) -> SigReader:
     """The ``SigReader`` a JSON spec describes: ``graph`` (``TransformGraph.to_json``), ``raw``
     (a raw log's ``spec()``), ``sig`` (``{"kind": "store", "url"}``, ``{"kind": "service",
-    "url"}`` or ``{"kind": "none"}``) and ``publish``."""
+    "url"}`` or ``{"kind": "none"}``), ``publish`` and ``latency_s`` (see ``reader_main``)."""
     sig = spec["sig"]
     if sig["kind"] == "store":
         client: Any = StoreClient(PartStore(sig["url"]))
@@ -76,9 +77,16 @@ def reader_from_spec(spec: Dict[str, Any]) -> SigReader:
 
 
 def reader_main(spec_json: str) -> None:
-    """A reader process: reads the partitions its stdin asks for, answers on its stdout."""
+    """A reader process: reads the partitions its stdin asks for, answers on its stdout.
+    The spec's ``latency_s`` (default 0) is slept before each read: a remote log's or store's
+    round trip, which tests and the benchmark add so that a reader's throughput is set by
+    it rather than by how many of a shared machine's cores are free."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    reader = reader_from_spec(json.loads(spec_json))
+    spec = json.loads(spec_json)
+    latency_s = float(spec.get("latency_s", 0.0))
+    if latency_s < 0:
+        raise ValueError(f"latency_s: must be >= 0, got {latency_s}")
+    reader = reader_from_spec(spec)
     replies, requests = sys.stdout.buffer, sys.stdin.buffer
     sys.stdout = sys.stderr  # a stray print must not land inside a frame
     write_frame(replies, {"ready": True, "pid": os.getpid()})
@@ -88,6 +96,7 @@ def reader_main(spec_json: str) -> None:
             return
         task, partition = frame[0]["task"], int(frame[0]["partition"])
         try:
+            time.sleep(latency_s)
             table = reader.read(partition)
         except Exception as error:  # reported to the trainer, which raises it there
             write_frame(replies, {"task": task, "partition": partition, "error": f"{type(error).__name__}: {error}"})
@@ -118,6 +127,11 @@ class ReaderPool:
         self, spec: Dict[str, Any], partitions: Iterable[int], policy: ScalingPolicy,
         decisions_file: Optional[str] = None,
     ) -> None:  # fmt: skip
+        if float(spec.get("latency_s", 0.0)) < 0:
+            raise ValueError(f"spec latency_s: must be >= 0, got {spec['latency_s']}")
+        if policy.backend != "process":
+            raise ValueError(f"policy.backend {policy.backend!r}: this pool runs reader processes only")
+        reader_from_spec(spec)  # a bad spec fails here, naming its field, not in every reader started
         self.spec_json, self.policy = json.dumps(spec), policy
         self.controller = ScalingController(policy)
         self.decisions: List[Decision] = []
@@ -132,7 +146,7 @@ class ReaderPool:
         self._cond = threading.Condition()
         self._next_task = self._next_out = 0
         self._exhausted = self._closed = False
-        self._start = self._window_start = time.monotonic()
+        self.started = self._window_start = time.monotonic()  # times are reported since then
         self._threads: List[threading.Thread] = []
         with self._cond:
             for _ in range(policy.initial_readers):
@@ -154,8 +168,20 @@ class ReaderPool:
         try:
             write_frame(reader.process.stdin, header)
             return True
-        except (BrokenPipeError, OSError):  # it died: its listener sees the end and cleans up
+        except (BrokenPipeError, OSError, ValueError):  # it died (or its pipe was closed): its listener cleans up
             return False
+
+    @property
+    def reader_pids(self) -> List[int]:
+        """The process ids of the readers now running or starting."""
+        with self._cond:
+            return [r.process.pid for r in self._readers]
+
+    @property
+    def depth(self) -> int:
+        """Partitions read and waiting for the trainer (in or out of order)."""
+        with self._cond:
+            return len(self._results)
 
     @property
     def size(self) -> int:
@@ -167,6 +193,8 @@ class ReaderPool:
 
     def _dispatch(self) -> None:
         """Gives idle readers partitions while the queue has room."""
+        if self._closed:
+            return
         for reader in self._readers:
             if not reader.ready or reader.task is not None:
                 continue
@@ -251,9 +279,9 @@ class ReaderPool:
                     reader.busy_s = 0.0
                 self._window_start = now
                 size = self.size
-                decision = self.controller.decide(now - self._start, depth / self.policy.queue_capacity, utilization, size)
+                decision = self.controller.decide(now - self.started, depth / self.policy.queue_capacity, utilization, size)
                 self._apply(decision)
-                self.timeline.append({"t": now - self._start, "depth": depth, "size": size, "utilization": utilization,
+                self.timeline.append({"t": now - self.started, "depth": depth, "size": size, "utilization": utilization,
                                       "handed_out": self._next_out})  # fmt: skip
 
     def _apply(self, decision: Decision) -> None:
@@ -287,7 +315,7 @@ class ReaderPool:
                 waited_from = waited_from or time.monotonic()
                 self._cond.wait(timeout=1.0)
             if waited_from is not None:
-                self.dry_spells.append((waited_from - self._start, time.monotonic() - self._start))
+                self.dry_spells.append((waited_from - self.started, time.monotonic() - self.started))
             partition, table, error = self._results.pop(self._next_out)
             self._next_out += 1
             self._dispatch()

@@ -10,11 +10,19 @@ included, is returned as a ``Decision`` (the pool logs them).
 """
 
 import dataclasses
+import importlib.util
 from typing import Any, Dict, Optional
+
+
+READER_BACKENDS = ("process", "ray")
 
 
 @dataclasses.dataclass
 class ScalingPolicy:
+    backend: str = "process"
+    """Where readers run: ``process`` (reader processes on this machine, the one built) or
+    ``ray`` (Ray actors on a cluster's machines: refused with an error naming this field,
+    since this tree has no Ray backend yet and does not depend on ray)."""
     min_readers: int = 1
     """The pool never shrinks below this many reader processes."""
     max_readers: int = 4
@@ -44,6 +52,12 @@ class ScalingPolicy:
             if not condition:
                 raise ValueError(f"{field}: {message}")
 
+        require(self.backend in READER_BACKENDS, "backend", f"{self.backend!r} is not one of {', '.join(READER_BACKENDS)}")
+        if self.backend == "ray":
+            installed = importlib.util.find_spec("ray") is not None
+            raise ValueError("backend: 'ray' (readers as Ray actors) is not built in this tree"
+                             + ("" if installed else ", and the ray package is not installed")
+                             + "; use backend: process (reader processes on this machine)")  # fmt: skip
         require(self.min_readers >= 1, "min_readers", f"must be >= 1, got {self.min_readers}")
         require(self.max_readers >= self.min_readers, "max_readers", f"must be >= min_readers ({self.min_readers})")
         require(self.min_readers <= self.initial_readers <= self.max_readers, "initial_readers",

@@ -149,3 +149,29 @@ def test_synthetic_log_is_deterministic_and_round_trips_its_hex(tmp_path):
     assert 0.05 < np.mean(table["label"].to_numpy()) < 0.7
     assert not table.equals(log.read(3))
     assert pc.min(table["i0"]).as_py() == -1  # as Criteo's first integer column
+
+
+def _splitmix64_reference(x: int) -> int:
+    mask = 2**64 - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_hashes_are_splitmix64_exactly_and_leave_their_inputs_alone():
+    """Stored parts are keyed by the op's version, not its output: the hash must never drift.
+    Plain Python integers as the reference, negative ids (two's complement) included."""
+    from pipelines.inputs.transforms import splitmix64
+
+    ids = np.array([0, 1, -1, 2**62 + 12345, -(2**63), 0x1D2E3F4A], dtype=np.int64)
+    kept = ids.copy()
+    as_unsigned = [int(v) % 2**64 for v in ids]
+    assert splitmix64(ids).tolist() == [_splitmix64_reference(v) for v in as_unsigned]
+    hashed = OPS["hash"].apply([Column(ids, np.ones(len(ids), bool))], {"buckets": 1000, "salt": 7})
+    assert hashed.values.tolist() == [_splitmix64_reference(v ^ 7) % 1000 for v in as_unsigned]
+    crossed = OPS["cross"].apply([Column(ids, np.ones(len(ids), bool)), Column(ids[::-1].copy(), np.ones(len(ids), bool))],
+                                 {"buckets": 97, "salt": 0})  # fmt: skip
+    mixed = [_splitmix64_reference(_splitmix64_reference(a) ^ b) for a, b in zip(as_unsigned, as_unsigned[::-1])]
+    assert crossed.values.tolist() == [_splitmix64_reference(m) % 97 for m in mixed]  # then hashed with salt 0
+    assert (ids == kept).all()

@@ -93,9 +93,10 @@ class TablesConfig:
     dim: int = 16
     """Embedding dimension of every table (DLRM's interaction needs one)."""
     pooling_factor: int = 8
-    """Mean ids per bag; lengths are drawn from 1 to twice this (tables alike)."""
+    """Mean ids per bag; lengths are Poisson with this mean (tables alike)."""
     zipf_alpha: float = 1.15
-    """Exponent of the Zipf distribution of ids (0: uniform; tables alike)."""
+    """Exponent of the Zipf distribution of ids, ``tbe_plugin.workloads``' truncated law
+    (0: uniform; any value >= 0; tables alike)."""
     workload: Optional[str] = None
     """Per-table rows, pooling and Zipf exponents from a named workload of
     ``tbe_plugin.workloads``: ``ctr_dlrm`` (its DLRM-shaped click-through tables,
@@ -113,7 +114,7 @@ class TablesConfig:
         _require(self.rows >= 1, "tables.rows", "must be >= 1")
         _require(self.dim >= 1, "tables.dim", "must be >= 1")
         _require(self.pooling_factor >= 1, "tables.pooling_factor", "must be >= 1")
-        _require(self.zipf_alpha == 0 or self.zipf_alpha > 1, "tables.zipf_alpha", "must be 0 (uniform) or > 1")
+        _require(self.zipf_alpha >= 0, "tables.zipf_alpha", "must be >= 0 (0: uniform)")
         _require(self.workload is None or self.workload in TABLE_WORKLOADS, "tables.workload",
                  f"{self.workload!r} is not one of {', '.join(TABLE_WORKLOADS)} (or null)")  # fmt: skip
         _require(self.workload is None or not self.per_table, "tables.per_table",
@@ -206,7 +207,7 @@ class DataConfig:
     batch_size: int = 256
     """Examples per batch on each rank."""
     seed: int = 0
-    """Seed of the synthetic generator (each rank adds its rank)."""
+    """Seed of the planted model and of its batches (each rank and stream draws its own)."""
     criteo_paths: List[str] = dataclasses.field(default_factory=list)
     """TSV files for ``criteo``: label, 13 integer and 26 hexadecimal categorical columns."""
     distinct_batches: int = 0
@@ -217,6 +218,20 @@ class DataConfig:
     """``criteo``: a file counts as ready once ``<file><suffix>`` exists too (e.g.
     ``._SUCCESS``, written when the file is whole); null: once the file exists. A job
     that reaches a file not ready holds (``HOLD.json`` kind ``data``, exit code 4)."""
+    criteo_eval_paths: List[str] = dataclasses.field(default_factory=list)
+    """``criteo``: held-out TSV files the evaluations read (never ``criteo_paths``, the
+    training files); needed when ``eval_batches`` > 0."""
+    planted_bias: float = -1.0
+    """``synthetic``: the planted model's logit bias (-1: about 30% clicks)."""
+    planted_dense_scale: float = 1.0
+    """``synthetic``: weight of the dense features' effect (its part of the logit has this
+    standard deviation)."""
+    planted_id_scale: float = 1.5
+    """``synthetic``: weight of the per-id effects (their part of the logit has about this
+    standard deviation with distinct ids; hot rows repeated in a bag add more)."""
+    planted_label_flip: float = 0.0
+    """``synthetic``: probability that a label is flipped after its Bernoulli draw (label
+    noise beyond the logistic model's; the optimum accounts for it)."""
 
     def __post_init__(self) -> None:
         _require_choice(self.source, DATA_SOURCES, "data.source")
@@ -227,6 +242,11 @@ class DataConfig:
                  f"must be >= data.batch_size ({self.batch_size}): batches do not span partitions")  # fmt: skip
         _require(self.distinct_batches >= 0, "data.distinct_batches", "must be >= 0")
         _require(self.source != "criteo" or bool(self.criteo_paths), "data.criteo_paths", "needed with source=criteo")
+        overlap = sorted(set(self.criteo_eval_paths) & set(self.criteo_paths))
+        _require(not overlap, "data.criteo_eval_paths", f"{overlap} are training files too (data.criteo_paths)")
+        _require(0.0 <= self.planted_label_flip < 0.5, "data.planted_label_flip", "must be in [0, 0.5)")
+        _require(self.planted_dense_scale >= 0 and self.planted_id_scale >= 0, "data.planted_dense_scale",
+                 "planted_dense_scale and planted_id_scale must be >= 0")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -389,6 +409,8 @@ class TrainConfig:
             _require(self.tables.num_tables == 26, "tables.num_tables", "must be 26 with data.source=criteo")
             _require(self.tables.alike, "tables.workload", "criteo's ids need tables alike (no workload, no per_table)")
             _require(self.model.dense_in_features == 13, "model.dense_in_features", "must be 13 with source=criteo")
+            _require(self.eval_batches == 0 or bool(self.data.criteo_eval_paths), "data.criteo_eval_paths",
+                     "needed with source=criteo and eval_batches > 0 (held-out files, not the training files)")  # fmt: skip
         if isinstance(self.data, DataConfig) and self.data.source == "sig":
             _require(3 <= self.tables.num_tables <= 28, "tables.num_tables",
                      "must be 3..28 with data.source=sig (hashed c0.., a cross, the user's activity)")  # fmt: skip

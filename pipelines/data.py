@@ -1,24 +1,28 @@
-"""Batches for the training app: synthetic click logs (the embedded default) and Criteo files.
+"""Batches for the training app: the planted click log (the embedded default) and Criteo files.
 
-``SyntheticClickLog`` (tables alike) yields TorchRec ``Batch`` objects (dense features, a
-``KeyedJaggedTensor`` of sparse features, labels) that TorchRec's pipelines accept. Ids
-per feature follow a Zipf law (shuffled over the rows), bag lengths vary around the
-pooling factor, and labels come from a fixed hidden logistic model of the dense features
-and of per-row scores, so a model can learn them. Everything is deterministic per seed
-and rank, so the job runs anywhere and runs compare. ``WorkloadClickLog`` does the same
-for tables that differ (``tables.workload`` or ``tables.per_table``), drawing on the
-device with ``tbe_plugin.workloads``' generator.
+``PlantedClickLog`` yields TorchRec ``Batch`` objects (dense features, a ``KeyedJaggedTensor``
+of sparse features, labels) that TorchRec's pipelines accept, drawn fresh every step from a
+planted model whose Bayes-optimal predictions are known (``planted_logits``), so an
+evaluation reports how far a model is from the best possible; ids follow each table's Zipf
+law (``tbe_plugin.workloads.ZipfSampler``). Deterministic per seed, rank and stream on one
+device type, so the job runs anywhere and runs compare. ``CriteoTSV`` reads Criteo-format
+files. Every source gives ``(batch, position after it)`` from a saved position
+(``batches_from``, see ``pipelines.resumable``).
 """
 
+import itertools
+import math
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from pipelines.config import ConfigError, DataConfig, TablesConfig
+from pipelines.config import DataConfig, TablesConfig
 from pipelines.resumable import DataNotReady
-from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
+from tbe_plugin.workloads import TableWorkload, ctr_tables_dlrm, table_sampler
+
+CPU = torch.device("cpu")
 
 
 def _cycled(
@@ -42,103 +46,80 @@ def _cycled(
         yield batch, position_of(produced)
 
 
-class SyntheticClickLog:
-    """An endless (or ``num_batches``-long) stream of batches for one rank: ``stream``
-    selects independent samples (training 0, evaluation 1) of the same hidden model."""
-
-    def __init__(
-        self, tables: TablesConfig, data: DataConfig, dense_in_features: int, rank: int = 0, num_batches: int = -1,
-        stream: int = 0,
-    ) -> None:  # fmt: skip
-        self.tables, self.data, self.dense_in = tables, data, dense_in_features
-        self.num_batches = num_batches
-        hidden = np.random.default_rng(data.seed)  # the same hidden model on every rank
-        self._dense_weights = hidden.normal(0.0, 1.0, dense_in_features) / np.sqrt(dense_in_features)
-        self._row_scores = hidden.normal(0.0, 1.0, (tables.num_tables, tables.rows)).astype(np.float32)
-        self._row_order = np.stack([hidden.permutation(tables.rows) for _ in range(tables.num_tables)])
-        self._rng = np.random.default_rng([data.seed, rank, stream])  # stream 1: held-out data
-
-    def __iter__(self) -> Iterator[object]:
-        return (batch for batch, _ in self.batches_from())
-
-    def batches_from(self, position: Optional[Dict[str, Any]] = None) -> Iterator[Tuple[object, Dict[str, Any]]]:
-        """``(batch, position after it)`` from ``position`` (None: the start), on a new
-        instance: the position is the batch count and the generator's state, restored as
-        saved (with ``distinct_batches`` the cycle is remade)."""
-        distinct = getattr(self.data, "distinct_batches", 0)
-        start = position["batches"] if position else 0
-        if position and not distinct:
-            self._rng.bit_generator.state = position["rng"]
-        return _cycled(lambda _: self.batch(), self.num_batches, distinct, start,
-                       lambda produced: {"batches": produced, "rng": self._rng.bit_generator.state})  # fmt: skip
-
-    def _ids(self, table: int, count: int) -> np.ndarray:
-        rows = self.tables.rows
-        if self.tables.zipf_alpha == 0:
-            return self._rng.integers(0, rows, count)
-        ranks = self._rng.zipf(self.tables.zipf_alpha, count)
-        while (too_big := ranks > rows).any():
-            ranks[too_big] = self._rng.zipf(self.tables.zipf_alpha, int(too_big.sum()))
-        return self._row_order[table][ranks - 1]
-
-    def batch(self):
-        from torchrec import KeyedJaggedTensor
-        from torchrec.datasets.utils import Batch
-
-        B, T = self.data.batch_size, self.tables.num_tables
-        dense = self._rng.normal(0.0, 1.0, (B, self.dense_in)).astype(np.float32)
-        lengths = self._rng.integers(1, 2 * self.tables.pooling_factor, (T, B))
-        ids = [self._ids(t, int(lengths[t].sum())) for t in range(T)]
-        score = dense @ self._dense_weights
-        for t in range(T):
-            bag_of = np.repeat(np.arange(B), lengths[t])
-            score += np.bincount(bag_of, weights=self._row_scores[t][ids[t]], minlength=B) / lengths[t] / np.sqrt(T)
-        labels = (self._rng.random(B) < 1.0 / (1.0 + np.exp(-2.0 * score))).astype(np.float32)
-        features = KeyedJaggedTensor.from_lengths_sync(
-            keys=[f"f{t}" for t in range(T)],
-            values=torch.from_numpy(np.concatenate(ids)).long(),
-            lengths=torch.from_numpy(lengths.reshape(-1)).long(),
-        )
-        return Batch(dense_features=torch.from_numpy(dense), sparse_features=features, labels=torch.from_numpy(labels))
-
-
 def table_workloads(tables: TablesConfig) -> Tuple[TableWorkload, ...]:
-    """Each table's rows, bag-length law and Zipf exponent, for tables that differ: the
-    named workload's, or ``per_table``'s."""
+    """Each table's rows, bag-length law and Zipf exponent: ``rows``, ``pooling_factor``
+    (Poisson lengths) and ``zipf_alpha`` for tables alike, else the named workload's or
+    ``per_table``'s."""
+    if tables.alike:
+        return tuple(TableWorkload(rows=tables.rows, dim=tables.dim, mean_pooling=float(tables.pooling_factor),
+                                   pooling="poisson", alpha=float(tables.zipf_alpha))
+                     for _ in range(tables.num_tables))  # fmt: skip
     if tables.workload == "ctr_dlrm":
         return ctr_tables_dlrm(num_tables=tables.num_tables, dim=tables.dim, seed=tables.workload_seed)
-    if not tables.per_table:
-        raise ConfigError("tables.per_table: empty and no tables.workload: the tables are alike")
     return tuple(TableWorkload(rows=s.rows, dim=tables.dim, mean_pooling=float(s.pooling_factor),
                                pooling=s.bag_lengths, alpha=float(s.zipf_alpha)) for s in tables.per_table)  # fmt: skip
 
 
 def rows_per_table(tables: TablesConfig) -> List[int]:
-    return [tables.rows] * tables.num_tables if tables.alike else [t.rows for t in table_workloads(tables)]
+    return [t.rows for t in table_workloads(tables)]
 
 
-# Multiplier of the per-row label score hash (Knuth's multiplicative hash, 2^32 / golden ratio).
-_ROW_HASH = 2654435761
+_MASK32 = 0xFFFFFFFF
 
 
-class WorkloadClickLog:
-    """Batches on ``device`` over tables that differ (``table_workloads``), ``num_batches``
-    of them (-1: endless): the ids and bag lengths of each batch from
-    ``tbe_plugin.workloads.generate_batch`` (its one Zipf generator, every table's hot rows
-    fixed), dense features N(0, 1), labels from a hidden logistic model of the dense
-    features and of a score per (table, row) hashed from the two, so no table-sized array
-    is kept and a model can learn them. Deterministic per (seed, rank, stream, batch) on
-    one device type; ``data.distinct_batches`` cycles as in ``SyntheticClickLog``."""
+def _mix32(keys: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer on int64 tensors holding 32-bit values: every output
+    bit depends on every input bit, so neighbouring rows get unrelated effects. Products
+    may wrap in int64; the mask keeps their exact low 32 bits."""
+    h = keys & _MASK32
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+class PlantedClickLog:
+    """Click-log batches from a planted model, so the best any model can do is known.
+
+    Per example: dense features x ~ N(0, I); per table t a bag of ids, its length fixed or
+    Poisson(mean pooling), the ids from the table's Zipf law (``tbe_plugin.workloads``'
+    ``ZipfSampler``, hot rows fixed per table); the logit
+
+        bias + dense_scale * x.w + id_scale * sum_t (sum of e(t, id) over the bag) / sqrt(T * L_t)
+
+    with w ~ N(0, I / dense_in) fixed by the seed and e(t, row) a hashed effect, uniform
+    with variance 1, fixed by (seed, t, row) (no table-sized array); the click
+    probability p = flip + (1 - 2 flip) * sigmoid(logit) and the label ~ Bernoulli(p)
+    (``data.planted_*``). p is the Bayes-optimal prediction: ``planted_logits(batch)``
+    gives logit(p) for any batch of this log, from its features alone, so an evaluation
+    can put the model's AUC and log loss beside the optimum's on the same examples.
+
+    Every batch is new (``data.distinct_batches`` > 0 cycles that many, for benchmarks that
+    time the model alone) and batch i is a function of (seed, rank, stream, i) and the
+    device type: training is stream 0, evaluation stream 1, never the same examples. Drawn
+    on ``device`` (the GPU when training on one) without waiting for the device: a
+    Poisson table's id count is drawn on the host and spread over the bags uniformly
+    (iid Poisson lengths are exactly that, given their total), so the host knows every
+    size before a kernel runs."""
 
     def __init__(
-        self, tables: TablesConfig, data: DataConfig, dense_in_features: int, device: torch.device, rank: int = 0,
-        num_batches: int = -1, stream: int = 0,
+        self, tables: TablesConfig, data: DataConfig, dense_in_features: int, device: torch.device = CPU,
+        rank: int = 0, num_batches: int = -1, stream: int = 0,
     ) -> None:  # fmt: skip
-        self.workload = Workload("click-log", table_workloads(tables), data.batch_size)
-        self.data, self.dense_in, self.device = data, dense_in_features, device
+        self.tables = table_workloads(tables)
+        capped = [t for t, table in enumerate(self.tables) if table.max_pooling is not None]
+        if capped:
+            raise ValueError(f"tables {capped}: max_pooling is not supported by the planted click log")
+        self.data, self.dense_in, self.device = data, dense_in_features, torch.device(device)
         self.rank, self.num_batches, self.stream = rank, num_batches, stream
-        hidden = torch.Generator().manual_seed(data.seed)  # the same hidden model on every rank
+        hidden = torch.Generator().manual_seed(data.seed)  # the same planted model on every rank
         self._dense_weights = (torch.randn(dense_in_features, generator=hidden) / dense_in_features**0.5).to(device)
+        T = len(self.tables)
+        scales = [data.planted_id_scale / math.sqrt(T * t.mean_pooling) if t.mean_pooling > 0 else 0.0
+                  for t in self.tables]  # fmt: skip
+        self._id_scales = torch.tensor(scales, dtype=torch.float64, device=device)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def __iter__(self) -> Iterator[object]:
         return (batch for batch, _ in self.batches_from())
@@ -148,30 +129,94 @@ class WorkloadClickLog:
         function of i, so the position is the batch count."""
         return _cycled(self.batch, self.num_batches, self.data.distinct_batches, position["batches"] if position else 0)
 
-    def _row_scores(self, tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """A fixed pseudo-random score per (table, row), uniform with variance 1."""
-        hashed = (rows * _ROW_HASH + (tables + 1) * 40503 + self.data.seed * 97).remainder_(2**32)
-        return (hashed.double() / 2**32 * 2 - 1) * 3**0.5
+    def _row_effects(self, tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """e(t, row): uniform on [-sqrt 3, sqrt 3] (variance 1), float64."""
+        keys = rows * 0x9E3779B1 + (tables + 1) * 0x7FEB352D + (self.data.seed + 1) * 0x846CA68B
+        return (_mix32(keys).double() / 2**32 * 2 - 1) * 3**0.5
+
+    def _bag_lengths(self, table: TableWorkload, count: int, g: torch.Generator) -> torch.Tensor:
+        B = self.data.batch_size
+        if table.pooling == "fixed":
+            return torch.full((B,), round(table.mean_pooling), dtype=torch.int64, device=self.device)
+        bags = torch.randint(0, B, (count,), generator=g, device=self.device)
+        return torch.zeros(B, dtype=torch.int64, device=self.device).index_add_(0, bags, torch.ones_like(bags))
 
     def batch(self, index: int):
+        """Batch ``index``. On CUDA it is drawn on a stream of its own, concurrent with the
+        training's kernels, and is whole when returned (the host waits for that stream
+        alone), so any stream may read it; its memory is kept for the current stream's
+        pending work (``record_stream``) when it is freed."""
+        if self._stream is None:
+            return self._draw(index)
+        with torch.cuda.stream(self._stream):
+            batch = self._draw(index)
+        self._stream.synchronize()
+        batch.record_stream(torch.cuda.current_stream(self.device))
+        return batch
+
+    def _draw(self, index: int):
         from torchrec import KeyedJaggedTensor
         from torchrec.datasets.utils import Batch
 
-        ids_seed, dense_seed = np.random.SeedSequence([self.data.seed, self.rank, self.stream, index]).generate_state(2)
-        ids, offsets, _ = generate_batch(self.workload, int(ids_seed), self.device)
-        B, T = self.workload.batch_size, self.workload.num_tables
-        lengths = offsets.diff()
-        g = torch.Generator(device=self.device).manual_seed(int(dense_seed))
+        B, T = self.data.batch_size, len(self.tables)
+        seeds = np.random.SeedSequence([self.data.seed, self.rank, self.stream, index])
+        counts_rng = np.random.default_rng(seeds.spawn(1)[0])
+        counts = [round(t.mean_pooling) * B if t.pooling == "fixed" else int(counts_rng.poisson(t.mean_pooling * B))
+                  for t in self.tables]  # fmt: skip
+        g = torch.Generator(device=self.device).manual_seed(int(seeds.generate_state(1)[0]))
+        lengths, ids = [], []
+        for t, (table, count) in enumerate(zip(self.tables, counts)):
+            lengths.append(self._bag_lengths(table, count, g))
+            ids.append(table_sampler(table.rows, table.alpha, t).sample(count, g, self.device))
         dense = torch.randn(B, self.dense_in, generator=g, device=self.device)
-        table_of_id = torch.arange(T, device=self.device).repeat_interleave(lengths.view(T, B).sum(1))
-        # Bag sums as differences of one running sum (float64): no atomics, the same labels every run.
-        running = torch.zeros(ids.numel() + 1, dtype=torch.float64, device=self.device)
-        torch.cumsum(self._row_scores(table_of_id, ids), 0, out=running[1:])
-        bag_means = (running[offsets[1:]] - running[offsets[:-1]]) / lengths.clamp(min=1)
-        score = dense @ self._dense_weights + (bag_means.view(T, B).sum(0) / T**0.5).float()
-        labels = (torch.rand(B, generator=g, device=self.device) < torch.sigmoid(2.0 * score)).float()
-        features = KeyedJaggedTensor.from_offsets_sync(keys=[f"f{t}" for t in range(T)], values=ids, offsets=offsets)
+        features = KeyedJaggedTensor(
+            keys=[f"f{t}" for t in range(T)], values=torch.cat(ids), lengths=torch.cat(lengths), stride=B,
+            length_per_key=counts, offset_per_key=[0, *itertools.accumulate(counts)],
+        )  # fmt: skip
+        probability = self._probability(self._logits(dense, features))
+        labels = (torch.rand(B, generator=g, device=self.device) < probability).float()
         return Batch(dense_features=dense, sparse_features=features, labels=labels)
+
+    def _logits(self, dense: torch.Tensor, features: Any) -> torch.Tensor:
+        """The planted logit of every example (float64)."""
+        B, T = dense.size(0), len(self.tables)
+        counts = features.length_per_key()
+        values = features.values()
+        table_of_id = torch.repeat_interleave(torch.arange(T, device=values.device),
+                                              torch.tensor(counts, device=values.device), output_size=len(values))
+        # Bag sums as differences of one running sum (float64): no atomics, the same labels every run.
+        running = torch.zeros(values.numel() + 1, dtype=torch.float64, device=values.device)
+        torch.cumsum(self._row_effects(table_of_id, values), 0, out=running[1:])
+        ends = torch.cumsum(features.lengths(), 0)
+        bag_sums = running[ends] - running[ends - features.lengths()]
+        id_part = (bag_sums.view(T, B) * self._id_scales[:, None]).sum(0)
+        dense_part = dense.double() @ self._dense_weights.double()
+        return self.data.planted_bias + self.data.planted_dense_scale * dense_part + id_part
+
+    def _probability(self, logits: torch.Tensor) -> torch.Tensor:
+        flip = self.data.planted_label_flip
+        return flip + (1 - 2 * flip) * torch.sigmoid(logits)
+
+    def planted_logits(self, batch: Any) -> torch.Tensor:
+        """logit(p) of every example of ``batch`` (a batch of this log): the Bayes-optimal
+        prediction, float32 on the batch's device."""
+        p = self._probability(self._logits(batch.dense_features, batch.sparse_features))
+        return (torch.log(p) - torch.log1p(-p)).float()
+
+
+class SyntheticClickLog(PlantedClickLog):
+    """``PlantedClickLog`` drawn on the host, in the argument order its callers without a
+    device use (``pipelines.benchmark`` pins its batches and copies them itself)."""
+
+    def __init__(
+        self, tables: TablesConfig, data: DataConfig, dense_in_features: int, rank: int = 0, num_batches: int = -1,
+        stream: int = 0,
+    ) -> None:  # fmt: skip
+        super().__init__(tables, data, dense_in_features, CPU, rank, num_batches, stream)
+
+
+# The name the end-to-end benchmark imports: tables that differ are no special case now.
+WorkloadClickLog = PlantedClickLog
 
 
 CRITEO_DENSE, CRITEO_SPARSE = 13, 26

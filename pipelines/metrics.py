@@ -2,23 +2,31 @@
 and the time per phase of a few profiled steps.
 
 Records in the metrics file, one JSON object per line, told apart by ``kind``:
-``config`` (the run's settings), ``step`` (step, loss, step_ms, examples_per_s), ``eval``
-(step, auc, log_loss), ``phases`` (ms per step of each phase), ``final`` (the metrics the
+``config`` (the run's settings, the commit and dirty flag), ``step`` (step, loss, step_ms,
+examples_per_s), ``eval`` (step, auc, log_loss and, on the planted click log, the optimum's),
+``phases`` (ms per step of each phase, measured on the device), ``final`` (the metrics the
 app prints at the end). ``scripts/ab.py`` builds its report from them.
 """
 
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch.autograd import DeviceType
 
 # Profiler event names by phase: our ops (record_function ranges in tbe_plugin.module),
-# FBGEMM's (its lookup op and the autograd node of its backward), the collectives.
+# FBGEMM's (its lookup op and the autograd node of its backward), TorchRec's range around a
+# sharded module's lookup (FBGEMM's bounds check with it), the collectives.
 PHASE_PATTERNS = {
-    "tbe_forward": ("tbe_plugin::lookup", "split_embedding_codegen_lookup", "split_embedding_codegen_forward"),
+    "tbe_forward": ("tbe_plugin::lookup", "split_embedding_codegen_lookup", "split_embedding_codegen_forward",
+                    "[lookup]_", "fbgemm::bounds_check_indices"),
     "tbe_backward": ("tbe_plugin::fused_update", "SplitLookupFunction", "split_embedding_backward",
                      "_FusedLookupBackward"),
     "all_to_all": ("all_to_all", "alltoall", "all2all", "All2All"),
 }  # fmt: skip
+REST = "dense_and_other"
+PHASES = (*PHASE_PATTERNS, REST)
 
 
 def phase_of(name: str) -> Optional[str]:
@@ -28,27 +36,56 @@ def phase_of(name: str) -> Optional[str]:
     return None
 
 
-def phase_times(events: Any, steps: int, step_ms: float, device_time: bool) -> Dict[str, float]:
-    """Milliseconds per step of each phase, from a profiler's events: for each event of a
-    phase not inside another event of a phase, its device time (CUDA: kernels it launched,
-    on any stream) or its CPU time. ``dense_and_other`` is the measured step time minus the
-    phases (on CUDA, phases that overlap other work make it an underestimate of the rest)."""
-    totals = {phase: 0.0 for phase in PHASE_PATTERNS}
-    for event in events:
+def enclosing_phase(event: Any) -> str:
+    """The phase of the innermost op of a phase among ``event`` and its ancestors (``REST``
+    when none is)."""
+    while event is not None:
         phase = phase_of(event.name)
-        if phase is None:
-            continue
-        parent, nested = event.cpu_parent, False
-        while parent is not None:
-            if phase_of(parent.name) is not None:
-                nested = True
-                break
-            parent = parent.cpu_parent
-        if not nested:
-            totals[phase] += event.device_time_total if device_time else event.cpu_time_total
-    out = {phase: us / 1e3 / steps for phase, us in totals.items()}
-    out["step_ms"] = step_ms
-    out["dense_and_other"] = max(0.0, step_ms - sum(out[p] for p in PHASE_PATTERNS))
+        if phase is not None:
+            return phase
+        event = event.cpu_parent
+    return REST
+
+
+def phase_times(events: Any, steps: int, step_ms: float, device_time: bool) -> Dict[str, Any]:
+    """Milliseconds per step of each phase, every one measured (none is a difference): on
+    CUDA the duration of every kernel, credited to the phase enclosing the op that launched
+    it; without a GPU every op's own CPU time, credited the same way. ``total_ms`` is their
+    sum (on CUDA the device's busy time summed over streams, which overlap: it may exceed
+    the step), ``step_ms`` the host's median step time, ``timing`` which clock it was."""
+    totals = dict.fromkeys(PHASES, 0.0)
+    for event in events:
+        if device_time:
+            spent = sum(k.duration for k in getattr(event, "kernels", ()) if k.name != event.name)
+        elif getattr(event, "device_type", None) in (None, DeviceType.CPU):
+            spent = event.self_cpu_time_total
+        else:
+            spent = 0
+        if spent:
+            totals[enclosing_phase(event)] += spent
+    out: Dict[str, Any] = {phase: us / 1e3 / steps for phase, us in totals.items()}
+    out.update(total_ms=sum(out[p] for p in PHASES), step_ms=step_ms,
+               timing="device kernels" if device_time else "host CPU (ops' own time)")  # fmt: skip
+    return out
+
+
+def binary_quality(logits: torch.Tensor, labels: torch.Tensor, optimal_logits: Optional[torch.Tensor] = None
+                   ) -> Dict[str, float]:  # fmt: skip
+    """AUC and log loss of ``logits`` on ``labels``; with the Bayes-optimal logits of the same
+    examples (a planted click log's), the optimum's AUC and log loss on the same labels and
+    the model's distance to them (``excess_log_loss`` >= 0 up to sampling noise)."""
+    from torchmetrics.classification import BinaryAUROC
+
+    def scores(values: torch.Tensor) -> Tuple[float, float]:
+        log_loss = torch.nn.functional.binary_cross_entropy_with_logits(values, labels).item()
+        return BinaryAUROC()(torch.sigmoid(values), labels.long()).item(), log_loss
+
+    auc, log_loss = scores(logits)
+    out = {"auc": auc, "log_loss": log_loss}
+    if optimal_logits is not None:
+        optimal_auc, optimal_log_loss = scores(optimal_logits)
+        out.update(optimal_auc=optimal_auc, optimal_log_loss=optimal_log_loss, auc_gap=optimal_auc - auc,
+                   excess_log_loss=log_loss - optimal_log_loss)  # fmt: skip
     return out
 
 

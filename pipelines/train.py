@@ -28,7 +28,8 @@ from pipelines.config import TrainConfig, register, validate
 from pipelines.holds import (
     Hold, HealthMonitor, JobHeld, StepSignals, clear_hold, error_hold, local_tensors, permanent_error_reason,
 )  # fmt: skip
-from pipelines.metrics import MetricsLog, phase_times
+from pipelines.metrics import MetricsLog, binary_quality, phase_times
+from tbe_plugin.benchmarks.report import git_state
 
 register()
 
@@ -134,28 +135,34 @@ def init_tables(dmp, seed: int, bounds: List[float], block_rows: int = 4096) -> 
                     shard.tensor[lo - r0 : hi - r0].copy_(block[lo - first : hi - first, c0 : c0 + m])
 
 
-def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0, position: Any = None):
-    """Training (stream 0) or evaluation (stream 1) batches for this rank, ``num_batches``
-    of them from ``position`` (a checkpoint's; None: the start), as a ``PositionedBatches``.
-    Criteo files serve both: evaluation reads them from the start again, as far as they are
-    ready. Tables that differ are drawn on the device (``WorkloadClickLog``)."""
+def data_source(cfg: TrainConfig, rank: int, stream: int = 0) -> Any:
+    """This rank's source of training (stream 0) or evaluation (stream 1) batches: Criteo
+    files (evaluation reads the held-out ``criteo_eval_paths``) or the planted click log,
+    drawn on the device (every batch new; evaluation's stream never repeats training's)."""
     import torch.distributed as dist
 
-    from pipelines.data import CriteoTSV, SyntheticClickLog, WorkloadClickLog
-    from pipelines.resumable import PositionedBatches
+    from pipelines.data import CriteoTSV, PlantedClickLog
 
     if cfg.data.source == "sig":
         from pipelines.inputs.batches import sig_batches
 
-        source: Any = sig_batches(cfg, rank, dist.get_world_size(), stream)
-    elif cfg.data.source == "criteo":
-        source = CriteoTSV(cfg.data.criteo_paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size(),
-                                ready_suffix=cfg.data.criteo_ready_suffix)  # fmt: skip
-    elif not cfg.tables.alike:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        source = WorkloadClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, device, rank, -1, stream)
-    else:
-        source = SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, -1, stream)
+        return sig_batches(cfg, rank, dist.get_world_size(), stream)
+    if cfg.data.source == "criteo":
+        paths = cfg.data.criteo_eval_paths if stream == 1 else cfg.data.criteo_paths
+        return CriteoTSV(paths, cfg.data.batch_size, cfg.tables.rows, rank, dist.get_world_size(),
+                         ready_suffix=cfg.data.criteo_ready_suffix)  # fmt: skip
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return PlantedClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, device, rank, -1, stream)
+
+
+def make_batches(cfg: TrainConfig, rank: int, num_batches: int, stream: int = 0, position: Any = None,
+                 source: Any = None):  # fmt: skip
+    """``num_batches`` batches of ``source`` (default: ``data_source(cfg, rank, stream)``)
+    from ``position`` (a checkpoint's; None: the start), as a ``PositionedBatches``;
+    evaluation (stream 1) reads what is ready."""
+    from pipelines.resumable import PositionedBatches
+
+    source = source if source is not None else data_source(cfg, rank, stream)
     return PositionedBatches(source.batches_from(position), position, limit=num_batches, stop_when_not_ready=stream == 1)
 
 
@@ -173,25 +180,23 @@ def _set_learning_rates(cfg: TrainConfig, dmp, dense_optimizer, step: int, spars
 
 
 def evaluate(cfg: TrainConfig, dmp, rank: int, device: torch.device) -> Dict[str, float]:
-    """AUC and log loss of the drained model on held-out synthetic batches of every rank."""
-    import torch.distributed as dist
-    from torchmetrics.classification import BinaryAUROC
-
-    logits, labels = [], []
+    """AUC and log loss of the drained model on held-out batches of every rank; on the
+    planted click log, the Bayes-optimal predictor's on the same examples too."""
+    source = data_source(cfg, rank, stream=1)
+    planted = getattr(source, "planted_logits", None)
+    logits, labels, optimal = [], [], []
     dmp.eval()
     with torch.no_grad():
-        for batch in make_batches(cfg, rank, cfg.eval_batches, stream=1):
+        for batch in make_batches(cfg, rank, cfg.eval_batches, stream=1, source=source):
             _, (_, batch_logits, batch_labels) = dmp(batch.to(device))
             logits.append(batch_logits.float().cpu())
             labels.append(batch_labels.float().cpu())
+            if planted is not None:
+                optimal.append(planted(batch).cpu())
     dmp.train()
-    gathered: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (torch.cat(logits), torch.cat(labels)), group=host_group())
-    all_logits = torch.cat([g[0] for g in gathered])
-    all_labels = torch.cat([g[1] for g in gathered])
-    log_loss = torch.nn.functional.binary_cross_entropy_with_logits(all_logits, all_labels).item()
-    auc = BinaryAUROC()(torch.sigmoid(all_logits), all_labels.long()).item()
-    return {"auc": auc, "log_loss": log_loss}
+    gathered = _gathered((torch.cat(logits), torch.cat(labels), torch.cat(optimal) if optimal else None))
+    return binary_quality(torch.cat([g[0] for g in gathered]), torch.cat([g[1] for g in gathered]),
+                          torch.cat([g[2] for g in gathered]) if planted is not None else None)  # fmt: skip
 
 
 _HOST_GROUP: List[Any] = []
@@ -290,7 +295,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     batches = make_batches(cfg, rank, cfg.steps - first_step, position=position)
     signals = StepSignals(host)
     health = HealthMonitor(device, cfg.health.check_state_every_steps, cfg.health.check_state_rows, cfg.data.seed)
-    saved: Dict[str, Any] = {"step": first_step if resume_from else None, "path": resume_from}
+    saved: Dict[str, Any] = {"step": first_step, "path": resume_from}  # nothing trained since: no save
     progress = None
     if rank == 0 and cfg.logging.progress_bar:
         from tqdm import tqdm
@@ -300,7 +305,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     log = MetricsLog(cfg.logging.metrics_file, cfg.logging.tensorboard_dir if cfg.logging.tensorboard else None,
                      active=rank == 0)  # fmt: skip
     log.record("config", backend=cfg.backend.name, staleness=cfg.pipeline.staleness, world_size=world_size,
-               batch_size=cfg.data.batch_size, steps=cfg.steps, device=device.type)  # fmt: skip
+               batch_size=cfg.data.batch_size, steps=cfg.steps, device=device.type,
+               **(git_state() if rank == 0 and cfg.logging.metrics_file else {}))  # fmt: skip
     losses, start = [], time.perf_counter()
     step, profiler, profiled_ms, profiled_batches = first_step, None, [], 0
     pending: List[Tuple[int, torch.Tensor, Optional[float]]] = []  # losses not yet read (no sync per step)
@@ -419,8 +425,9 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
                "weights_checksum": weights_checksum(dmp)}  # fmt: skip
     if cfg.eval_batches:
-        metrics.update(evaluate(cfg, dmp, rank, device))
-        log.record("eval", first_step + len(losses), auc=metrics["auc"], log_loss=metrics["log_loss"])
+        quality = evaluate(cfg, dmp, rank, device)
+        metrics.update(quality)
+        log.record("eval", first_step + len(losses), **quality)
     if store:
         metrics["checkpoint"] = checkpoint_path
     log.record("final", first_step + len(losses), **metrics)

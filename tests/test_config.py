@@ -33,7 +33,8 @@ def test_default_config():
 )
 def test_every_group_option_composes(group, option):
     companions = {  # what an option needs set elsewhere to be valid
-        ("data", "criteo"): ["data.criteo_paths=[day_0.tsv]", "tables.num_tables=26"],
+        ("data", "criteo"): ["data.criteo_paths=[day_0.tsv]", "data.criteo_eval_paths=[day_23.tsv]",
+                             "tables.num_tables=26"],
         ("tables", "dlrm_h200"): ["model.dense_arch_layer_sizes=[512,256,128]"],
         ("tables", "ctr_dlrm"): ["model.dense_arch_layer_sizes=[512,256,128]"],
     }
@@ -67,6 +68,9 @@ def test_backend_is_one_key():
         ("data.source=criteo", "data.criteo_paths"),
         ("data=criteo", "data.criteo_paths"),
         ("data=criteo data.criteo_paths=[x.tsv]", "tables.num_tables"),  # Criteo has 26 features
+        # evaluation reads held-out files, never the training files
+        ("data=criteo data.criteo_paths=[x.tsv] tables.num_tables=26", "data.criteo_eval_paths"),
+        ("data=criteo data.criteo_paths=[x.tsv] data.criteo_eval_paths=[x.tsv]", "data.criteo_eval_paths"),
         ("logging.profile_steps=-1", "logging.profile_steps"),
         ("eval_every_steps=-5", "eval_every_steps"),
         ("logging.tensorboard_dir=''", "logging.tensorboard_dir"),

@@ -49,9 +49,37 @@ def test_bad_line_is_reported(tmp_path):
         list(CriteoTSV([path], 1, 10))
 
 
+def test_evaluation_reads_the_held_out_files(tmp_path):
+    """Training batches come from ``criteo_paths`` and evaluation batches from
+    ``criteo_eval_paths`` alone: the first batch of each stream is its own file's first lines."""
+    import torch.distributed as dist
+
+    from pipelines.config import DataConfig, TablesConfig, TrainConfig
+    from pipelines.data import CriteoTSV
+    from pipelines.train import data_source
+
+    train_path, held_out = tmp_path / "day_0.tsv", tmp_path / "day_23.tsv"
+    write_criteo(train_path, 8, seed=0)
+    write_criteo(held_out, 8, seed=1)
+    cfg = TrainConfig(data=DataConfig(source="criteo", batch_size=4, criteo_paths=[str(train_path)],
+                                      criteo_eval_paths=[str(held_out)]),
+                      tables=TablesConfig(num_tables=26, dim=16))  # fmt: skip
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        streams = {stream: next(iter(data_source(cfg, 0, stream))) for stream in (0, 1)}
+    finally:
+        dist.destroy_process_group()
+    for stream, path in ((0, train_path), (1, held_out)):
+        expected = next(iter(CriteoTSV([path], batch_size=4, rows=cfg.tables.rows)))
+        assert torch.equal(streams[stream].dense_features, expected.dense_features), stream
+        assert torch.equal(streams[stream].sparse_features.values(), expected.sparse_features.values()), stream
+
+
 def test_app_trains_on_criteo_files(tmp_path):
-    path = tmp_path / "day_0.tsv"
+    path, held_out = tmp_path / "day_0.tsv", tmp_path / "day_23.tsv"
     write_criteo(path, 2 * 32 * 8)
-    m = metrics(run_app(tmp_path, "data=criteo", f"data.criteo_paths=[{path}]", "data.batch_size=32",
-                        "tables.num_tables=26", "steps=6", "eval_batches=1"))  # fmt: skip
+    write_criteo(held_out, 2 * 32, seed=1)  # one batch per rank
+    m = metrics(run_app(tmp_path, "data=criteo", f"data.criteo_paths=[{path}]", f"data.criteo_eval_paths=[{held_out}]",
+                        "data.batch_size=32", "tables.num_tables=26", "steps=6", "eval_batches=1"))  # fmt: skip
     assert m["steps"] == 6 and m["log_loss"] > 0, m
+    assert "optimal_log_loss" not in m  # no planted model behind Criteo files: no optimum to report

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 
 from pipelines.config import DataConfig, ModelConfig, OptimizerConfig, ShardingConfig, TablesConfig, TrainConfig
+from tbe_plugin.benchmarks.report import git_state
 
 # Per balance: tables, pooling factor, dense MLP and over MLP. The costs they aim at
 # (H200, B=8192, fp32): sparse-heavy ~ lookup-bound, balanced ~ lookup ~ MLPs, dense-heavy
@@ -499,12 +500,20 @@ def scaling_report(paths: List[str]) -> str:
     """Weak scaling from result files of several world sizes (same balances, modes and
     per-rank sizes): examples/s per (balance, backend, mode) and the efficiency of each
     world size against the smallest, ``rate_N / (rate_1 * N / 1)``."""
-    results = sorted((json.load(open(p)) for p in paths), key=lambda r: r["world_size"])
+    loaded = []
+    for path in paths:
+        with open(path) as f:
+            loaded.append((path, json.load(f)))
+    loaded.sort(key=lambda item: item[1]["world_size"])
+    results = [r for _, r in loaded]
     base = results[0]
     sizes = [r["world_size"] for r in results]
+    measured = "; ".join(f"world size {r['world_size']}: {os.path.basename(path)}, "
+                         + (commit_line(r["provenance"]) if "provenance" in r else "commit not recorded.")
+                         for path, r in loaded)  # fmt: skip
     lines = ["# Weak scaling", "", f"Per rank: B={base['batch_size_per_rank']}, {base['rows']} rows per table; "
              "examples/s = B x world size / step time; efficiency against world size "
-             f"{sizes[0]}.", "",
+             f"{sizes[0]}. From {measured} Report: {commit_line(provenance(git_state(), []))}", "",
              "| balance/backend/mode | " + " | ".join(f"ws{n} examples/s" for n in sizes) + " | " +
              " | ".join(f"ws{n} efficiency" for n in sizes[1:]) + " |",
              "|---" * (1 + len(sizes) + len(sizes) - 1) + "|"]  # fmt: skip

@@ -60,9 +60,14 @@ def test_scaling_report_computes_efficiency(tmp_path):
     paths = []
     for world_size, ms in ((1, 10.0), (2, 12.5)):
         path = tmp_path / f"ws{world_size}.json"
-        path.write_text(json.dumps(result(world_size, ms)))
+        record = result(world_size, ms)
+        if world_size == 2:
+            record["provenance"] = {"commit": "abc1234", "dirty": True}
+        path.write_text(json.dumps(record))
         paths.append(str(path))
     text = scaling_report(paths[::-1])  # any order
+    assert "world size 1: ws1.json, commit not recorded." in text, text
+    assert "world size 2: ws2.json, Commit abc1234 (dirty tree)." in text, text
     # ws1: 1000 / 10 ms = 100000/s; ws2: 2000 / 12.5 ms = 160000/s; efficiency 160000 / 200000
     assert "| balanced/triton/stale1 | 100000 | 160000 | 0.80 |" in text, text
     assert "| balanced/triton/plain | 50000 | 80000 | 0.80 |" in text, text

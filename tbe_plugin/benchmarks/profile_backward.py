@@ -7,6 +7,12 @@ DIR/profile_backward.json: the device time of every kernel, ours (default launch
 and FBGEMM's on the same batch, FBGEMM's backward time, and ours for each candidate
 launch (``CANDIDATES``: ``RunsLaunch`` values, passed through the module's
 ``backward_launch``). Nothing reads it at run time: it tells the next change what to do.
+
+``--best-of DIR/profile_backward.json`` prints the candidate whose backward time, over the
+entries of that file, has the best geometric mean ratio to FBGEMM's (candidates that
+failed or moved the tables by more than 1e-3 of their scale excluded);
+``--suite-with NAME -- ARGS`` runs the backward suite (``backward.py ARGS``) with our
+modules under candidate NAME, and writes DIR/suite_launch.json (the launch, commit).
 """
 
 import argparse
@@ -40,6 +46,13 @@ CANDIDATES = {
     "auto_loop_warps8": _launch(chunk_mode="auto", max_loop_warps=8),
     "auto_loop_warps4": _launch(chunk_mode="auto", max_loop_warps=4),
     "loop_programs16": _launch(loop_programs_per_sm=16),
+    # The pieces design (ops.backward_pieces): cells of 64 or 256 ids, tiles of 256
+    # elements on 2 warps or 512 on 4, 16 or 32 looping programs a multiprocessor.
+    "pieces": _launch(design="pieces"),
+    "pieces256": _launch(design="pieces", piece_ids=256),
+    "pieces_wide": _launch(design="pieces", piece_elements=512, piece_warps=4),
+    "pieces_p32": _launch(design="pieces", piece_programs_per_sm=32),
+    "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
 }
 
 
@@ -135,7 +148,60 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
     return entry
 
 
+def best_candidate(report: dict, max_relative_diff: float = 1e-3) -> str:
+    """The candidate with the best geometric mean of FBGEMM's backward ms over ours across
+    the report's entries (those with FBGEMM's time), among candidates measured in every
+    one of them without error and within ``max_relative_diff`` of the first candidate."""
+    entries = [e for e in report["entries"] if e.get("fbgemm_bwd_ms")]
+    if not entries:
+        raise ValueError("no entry with FBGEMM's backward time: nothing to rank candidates by")
+    ratios: dict = {}
+    for entry in entries:
+        for name, result in entry["candidates"].items():
+            ok = "bwd_ms" in result and result["relative_diff"] <= max_relative_diff
+            ratios.setdefault(name, []).append(entry["fbgemm_bwd_ms"] / result["bwd_ms"] if ok else None)
+    complete = {n: r for n, r in ratios.items() if len(r) == len(entries) and None not in r}
+    if not complete:
+        raise ValueError(f"no candidate measured in all {len(entries)} entries within {max_relative_diff}")
+    return max(complete, key=lambda n: statistics.geometric_mean(complete[n]))
+
+
+def suite_with(name: str, argv: list[str]) -> None:
+    """The backward suite with our modules under candidate ``name``: FBGEMM's untouched."""
+    from tbe_plugin.benchmarks import backward
+
+    launch = CANDIDATES[name]()
+    build = backward.build_module
+
+    def build_with_launch(provider, cfg, optimizer, device):
+        module = build(provider, cfg, optimizer, device)
+        if provider != backward.FBGEMM:
+            module.backward_launch = launch
+        return module
+
+    backward.build_module = build_with_launch
+    try:
+        backward.main(argv)
+    finally:
+        backward.build_module = build
+    out = backward.parse_args(argv).out
+    with open(os.path.join(out, "suite_launch.json"), "w") as f:
+        json.dump({"git": git_state(), "candidate": name, "launch": dataclasses.asdict(launch)}, f, indent=1)
+
+
 def main(argv=None) -> list[dict]:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--best-of"]:
+        with open(argv[1]) as f:
+            print(best_candidate(json.load(f)))
+        return []
+    if argv[:1] == ["--suite-with"]:
+        if argv[1] not in CANDIDATES:
+            raise SystemExit(f"unknown candidate {argv[1]!r}; candidates: {', '.join(CANDIDATES)}")
+        suite_with(argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:])
+        return []
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--configs", default="b8192,zipf1.15,b65536,fbgemm-standard,ctr-mix,long-bags")

@@ -108,14 +108,17 @@ class RunsLaunch:
     piece_ids: int = 64
     """``pieces``: ids per cell of the grid that cuts runs (a run within one cell is summed
     and updated by one lane; memory: 8 * max BLOCK_D / piece_ids bytes per id)."""
-    piece_elements: int = 512
+    piece_elements: int = 256
     """``pieces``: gradient elements of a pieces program's tile: RUNS = piece_elements /
-    BLOCK_D pieces side by side, at least 1 (4 at D=128)."""
+    BLOCK_D pieces side by side, at least 1 (2 at D=128). 4 elements a thread per gather
+    (256 on 2 warps) compile to 53-66 registers at every tile (ptxas, sm_90); 512 on 2
+    warps to 126-128, and to no code at all at BLOCK_D 16 (Triton 3.6's layout pass fails)."""
     piece_warps: int = 2
-    """``pieces``: warps of a pieces program (more when its tile exceeds 512 elements a warp)."""
+    """``pieces``: warps of a pieces program (at least; more when its tile exceeds 128
+    elements a warp)."""
     tree_warps: int = 2
     """``pieces``: warps of the cell-group and multi-run programs (at least; more when their
-    sums of 8 partials a load exceed 1024 elements a warp, up to max_loop_warps)."""
+    sums of 8 partials a load exceed 512 elements a warp, up to max_loop_warps)."""
     piece_unroll: int = 4
     """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
     piece_programs_per_sm: int = 16
@@ -155,8 +158,8 @@ class RunsLaunch:
         step = max(1, min(self.segment_ids, self.step_elements // block_d))
         loop_warps = min(self.max_loop_warps, max(self.loop_warps, self.segment_ids * block_d // 2048))
         runs = max(1, self.piece_elements // block_d)
-        piece_warps = min(16, max(self.piece_warps, runs * block_d // 512))
-        tree_warps = min(self.max_loop_warps, max(self.tree_warps, 8 * block_d // 1024))
+        piece_warps = min(16, max(self.piece_warps, runs * block_d // 128))
+        tree_warps = min(self.max_loop_warps, max(self.tree_warps, 8 * block_d // 512))
         return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps,
                            piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps)  # fmt: skip
 

@@ -397,7 +397,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
     cells = N // piece + 1
     blocks = triton.cdiv(N + 1, MARKS_BLOCK)
-    counts = torch.empty((blocks, 2), dtype=torch.int64, device=device)
+    counts = torch.empty((blocks, 2), dtype=torch.int32, device=device)
     # Pieces: at most a head per id, a grid point per cell, and the end; the entries past
     # the count stay above every position, so that searchsorted finds the classes' pieces.
     unset = torch.iinfo(torch.int64).max
@@ -406,7 +406,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     lists = (piece_starts, multi_heads)
     _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, counts, *lists, WRITE=False, PIECE=piece,
                                    BLOCK=MARKS_BLOCK)  # fmt: skip
-    totals = torch.cumsum(counts, 0)
+    totals = torch.cumsum(counts, 0, dtype=torch.int32)
     _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, totals, *lists, WRITE=True, PIECE=piece,
                                    BLOCK=MARKS_BLOCK)  # fmt: skip
     class_piece_pos = torch.searchsorted(piece_starts, class_pos)

@@ -15,9 +15,10 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from tbe_plugin.ops import backward_pieces as pieces  # noqa: E402
 from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
-from tbe_plugin.ops.backward_launch import runs_launch  # noqa: E402
+from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -25,6 +26,7 @@ FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
 FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums_ptr", "group_sums_ptr",
                   "supergroup_sums_ptr", "child_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
+FLOAT_POINTERS += ("cell_sums_ptr",)
 INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
@@ -60,6 +62,11 @@ def pointer_alignment(fn, constexprs):
 
 def stack_bytes(kernel) -> int:
     """Per-thread local memory (spills) from the cubin's resource usage."""
+    return parse_stack_bytes(resource_report(kernel))
+
+
+def resource_report(kernel) -> str:
+    """``cuobjdump -res-usage`` of the kernel's cubin."""
     import subprocess
     import tempfile
 
@@ -72,7 +79,18 @@ def stack_bytes(kernel) -> int:
         result = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"cuobjdump -res-usage exited {result.returncode}: {result.stderr[-500:]}")
-    return parse_stack_bytes(result.stdout)
+    return result.stdout
+
+
+def parse_registers(report: str) -> int:
+    """The most registers a thread of any function in a ``cuobjdump -res-usage`` report
+    uses (``REG:<n>``); ValueError when there is none."""
+    import re
+
+    counts = [int(n) for n in re.findall(r"\bREG:(\d+)\b", report)]
+    if not counts:
+        raise ValueError(f"no REG:<count> in cuobjdump's resource report: {report[:500]!r}")
+    return max(counts)
 
 
 def parse_stack_bytes(report: str) -> int:
@@ -133,6 +151,7 @@ def variants():
             yield runs._group_kernel, dict(BLOCK_D=block_d, CHUNK=sizes.chunk_ids, FAN_IN=launch.fan_in,
                                            BATCH=launch.batch), \
                 sizes.loop_warps, weights, "*i64"  # fmt: skip
+    yield from pieces_variants()
     for write in (False, True):
         yield runs._listed_chunks_kernel, dict(WRITE=write, BLOCK=backward.LIST_BLOCK), 4, "*fp32", "*i32"
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
@@ -148,18 +167,56 @@ def variants():
         psw["num_warps"], "*fp32", "*i32"  # fmt: skip
 
 
+# The pieces design's launch values in profile_backward's candidates (piece_ids, piece_elements).
+PIECES_LAUNCHES = (RunsLaunch(design="pieces"), RunsLaunch(design="pieces", piece_ids=256),
+                   RunsLaunch(design="pieces", piece_elements=512, piece_warps=4))  # fmt: skip
+
+
+def pieces_variants():
+    """The ``pieces`` design's kernels at tiles 16, 128 and 512: the default launch for
+    every optimizer (fp32; rowwise Adagrad with fp16 weights and stochastic rounding), the
+    other candidates' sizes for rowwise Adagrad (CI compiles each variant: ~1 s apiece)."""
+    for launch in PIECES_LAUNCHES:
+        default = launch == PIECES_LAUNCHES[0]
+        for weights in ("*fp32", "*fp16") if default else ("*fp32",):
+            for block_d in (16, 128, 512):
+                sizes = launch.for_block_d(block_d)
+                for optimizer in range(6) if default and weights == "*fp32" else (1,):
+                    modes = dict(OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
+                                 STOCHASTIC_ROUNDING=weights != "*fp32", BLOCK_D=block_d, ALIGN=4)  # fmt: skip
+                    yield pieces._pieces_kernel, dict(
+                        modes, SCALED=True, PIECE=launch.piece_ids, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
+                        BARRIER=sizes.piece_warps > 1,
+                    ), sizes.piece_warps, weights, "*i32"  # fmt: skip
+                    if launch.piece_elements == 256:  # the tree kernels do not depend on piece_elements
+                        yield pieces._multi_runs_kernel, dict(modes, PIECE=launch.piece_ids, FAN_IN=launch.fan_in), \
+                            sizes.tree_warps, weights, "*i32"  # fmt: skip
+                if default and weights == "*fp32":
+                    yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), sizes.tree_warps, \
+                        weights, "*i32"  # fmt: skip
+    for write in (False, True):
+        yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=64, BLOCK=backward.MARKS_BLOCK), 4, "*fp32", "*i32"
+
+
 def main():
+    import sys
+
+    only = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None  # kernel names, to compile a few
     for fn, constexprs, num_warps, weights, keys in variants():
+        if only is not None and fn.__name__ not in only:
+            continue
         src = ASTSource(
             fn=fn,
             signature=signature(fn, constexprs, weights, keys),
             constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
             attrs=pointer_alignment(fn, constexprs),
         )
-        record = {"kernel": fn.__name__, "weights": weights, "constexprs": constexprs}
+        record = {"kernel": fn.__name__, "weights": weights, "num_warps": num_warps, "constexprs": constexprs}
         try:
             kernel = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
-            record["stack_bytes"] = stack_bytes(kernel)
+            report = resource_report(kernel)
+            record["stack_bytes"] = parse_stack_bytes(report)
+            record["registers"] = parse_registers(report)
         except Exception as error:  # reported, and failed by the test
             record["error"] = f"{type(error).__name__}: {error}"[:2000]
         print(json.dumps(record), flush=True)

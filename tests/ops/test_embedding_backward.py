@@ -569,11 +569,36 @@ def test_piece_marks_list_pieces_and_multi_runs():
     rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],
                         dtype=torch.int32)  # fmt: skip
     class_pos = torch.tensor([0, 12, 21])
-    counts = torch.empty((1, 2), dtype=torch.int64)
+    counts = torch.empty((1, 2), dtype=torch.int32)
     starts = torch.full((32,), -1, dtype=torch.int64)
     multi = torch.full((8,), -1, dtype=torch.int64)
     _piece_marks_kernel[(1,)](rows, class_pos, 2, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=32)
     assert counts.tolist() == [[11, 2]]
-    _piece_marks_kernel[(1,)](rows, class_pos, 2, counts.cumsum(0), starts, multi, WRITE=True, PIECE=4, BLOCK=32)
+    _piece_marks_kernel[(1,)](rows, class_pos, 2, counts.cumsum(0, dtype=torch.int32), starts, multi, WRITE=True, PIECE=4, BLOCK=32)
     assert starts[:12].tolist() == [0, 4, 8, 9, 10, 12, 16, 17, 18, 20, 21, -1]
     assert multi[:3].tolist() == [0, 12, -1]  # row 0 crosses 4 and 8, row 5 crosses 16; row 2 ends at 12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
+def test_pieces_design_on_cuda(optimizer):
+    """Zipf(1.15) ids over tables of tiles 16, 128 and 512 (B=16384): two runs of the pieces
+    design agree bit for bit, and with the chunk design up to the order of fp32 sums."""
+    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
+    torch.manual_seed(0)
+    ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
+    indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()
+    offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
+    grad = torch.rand(B, sum(dims), device="cuda") - 0.5
+    modules = []
+    for launch in (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), None):
+        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
+                                              device="cuda")  # fmt: skip
+        with torch.no_grad():
+            for t, w in enumerate(emb.split_embedding_weights()):
+                w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(t)).cuda() - 0.5)
+        emb.backward_launch = launch
+        emb(indices, offsets).backward(grad)
+        modules.append(emb)
+    assert_bitwise_equal(modules[0], modules[1])
+    torch.testing.assert_close(modules[0].weights, modules[2].weights, atol=1e-5, rtol=1e-5)

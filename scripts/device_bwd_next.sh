@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call (<= 8 minutes) that measures the backward's `pieces` design (RunsLaunch
+# design="pieces", ops/backward_pieces.py) against FBGEMM and against HEAD's default
+# (design "chunks") on the production-shaped configs. Results under $OUT (8 files at most
+# come back): device.txt, gpu_bwd_tests.log, profile_backward.json, profile.log,
+# backward.json, backward.md, suite_launch.json, suite.log.
+#
+# The machine needs the GPU stack first (../shared/device/README.md): a call with carry
+# [".gpu-stack/part-a", ".gpu-stack/install.sh"] running `bash .gpu-stack/install.sh a`, then
+# THE call, carry [".gpu-stack/part-b", ".gpu-stack/install.sh"], command (commit and dirty
+# flag from this checkout, written in literally: the device's copy has no .git):
+#   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_bwd_next.sh
+#
+# Steps and their limits (seconds): GPU tests of the backward 110; profile_backward on seven
+# configs, most telling first (the JSON is rewritten after each, so a cut run keeps what it
+# measured) 230; the backward suite with the profile's best candidate 130.
+set -uo pipefail
+export PYTHONPATH=/tmp/gpu-site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+: "${TBE_PLUGIN_COMMIT:?set TBE_PLUGIN_COMMIT (and TBE_PLUGIN_DIRTY) from the checkout that was sent}"
+export TBE_PLUGIN_COMMIT TBE_PLUGIN_DIRTY=${TBE_PLUGIN_DIRTY:-}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  echo "commit $TBE_PLUGIN_COMMIT dirty ${TBE_PLUGIN_DIRTY:-unknown}"; } | tee "$OUT/device.txt"
+
+echo "=== gpu tests $(date +%T)"
+timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_embedding_backward.py \
+  tests/test_fbgemm_parity.py 2>&1 | tee "$OUT/gpu_bwd_tests.log" | tail -15
+
+echo "=== profile $(date +%T)"
+CANDIDATES=${CANDIDATES:-default,pieces,pieces256,pieces_wide,auto_loop_warps4}
+CONFIGS=${CONFIGS:-ctr-mix,wide-d512-fp16,long-bags,zipf1.15,b8192,user-id,fbgemm-standard}
+timeout 230 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
+  --candidates "$CANDIDATES" --iters 5 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/profile.log" | tail -40
+
+echo "=== suite $(date +%T)"
+BEST=$(python3 -m tbe_plugin.benchmarks.profile_backward --best-of "$OUT/profile_backward.json" 2>>"$OUT/profile.log")
+echo "best candidate: ${BEST:-none (see profile.log)}" | tee -a "$OUT/profile.log"
+if [ -n "$BEST" ]; then
+  timeout 130 python3 -m tbe_plugin.benchmarks.profile_backward --suite-with "$BEST" -- --out "$OUT" --iters 10 \
+    --batches 2 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/suite.log" | tail -40
+fi
+echo "=== done $(date +%T)"

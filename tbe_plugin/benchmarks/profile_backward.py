@@ -46,11 +46,10 @@ CANDIDATES = {
     "auto_loop_warps8": _launch(chunk_mode="auto", max_loop_warps=8),
     "auto_loop_warps4": _launch(chunk_mode="auto", max_loop_warps=4),
     "loop_programs16": _launch(loop_programs_per_sm=16),
-    # The pieces design (ops.backward_pieces): cells of 64 or 256 ids, tiles of 256
-    # elements on 2 warps or 512 on 4, 16 or 32 looping programs a multiprocessor.
+    # The pieces design (ops.backward_pieces): cells of 64 or 256 ids, 16 or 32 looping
+    # programs a multiprocessor, 4 or 2 gathers in flight a lane.
     "pieces": _launch(design="pieces"),
     "pieces256": _launch(design="pieces", piece_ids=256),
-    "pieces_wide": _launch(design="pieces", piece_elements=512, piece_warps=4),
     "pieces_p32": _launch(design="pieces", piece_programs_per_sm=32),
     "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
 }

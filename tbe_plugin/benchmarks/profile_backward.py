@@ -51,6 +51,7 @@ CANDIDATES = {
     "pieces": _launch(design="pieces"),
     "pieces256": _launch(design="pieces", piece_ids=256),
     "pieces_p32": _launch(design="pieces", piece_programs_per_sm=32),
+    "pieces_grid": _launch(design="pieces", piece_programs_per_sm=0),
     "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
 }
 

@@ -325,8 +325,9 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     class_pos = torch.searchsorted(sorted_rows, _class_rows(classes, total_rows, sorted_rows.dtype, device))
     per_class = [launch.for_block_d(bd) for bd in block_ds]
     if launch.design == "pieces":
+        class_rows = [b - a for a, b in zip(classes[1::2], [*classes[3::2], total_rows])]
         _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align,
-                       class_pos, per_class, launch)  # fmt: skip
+                       class_pos, per_class, class_rows, launch)  # fmt: skip
         return
     segment, fan_in = launch.segment_ids, launch.fan_in
     long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)
@@ -387,7 +388,7 @@ MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
 
 
 def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
-                   per_class, launch) -> None:  # fmt: skip
+                   per_class, class_rows, launch) -> None:  # fmt: skip
     """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
     classes at once; then per class its pieces, the group sums of its multi runs' cells
     (two levels, where the batch has ids enough) and its multi runs. No host sync: the
@@ -425,7 +426,10 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     sms = _multiprocessors(device)
     _, sorted_w_start, sorted_dim, _, _ = sorted_operands
     for klass, sizes in enumerate(per_class):
-        pieces_grid = min(triton.cdiv(N + cells, sizes.piece_runs), sms * launch.piece_programs_per_sm)
+        most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
+        pieces_grid = triton.cdiv(most_pieces, sizes.piece_runs)
+        if launch.piece_programs_per_sm:
+            pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
             grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
             stride, N, step, *hyper,

@@ -217,7 +217,7 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
     "field, value",
     [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),
      ("chunk_mode", "every"), ("design", "runs"), ("piece_ids", 48), ("piece_elements", 1), ("piece_warps", 32),
-     ("tree_warps", 0), ("piece_programs_per_sm", 0), ("piece_unroll", 32)],
+     ("tree_warps", 0), ("piece_programs_per_sm", -1), ("piece_unroll", 32)],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):
@@ -480,7 +480,8 @@ def test_pieces_every_optimizer(optimizer):
     """Every optimizer's update from the pieces kernel (whole runs) and the multi-run
     kernel (runs crossing a cell edge), MEAN pooling with per-sample weights."""
     emb = build(optimizer, "MEAN", learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, piece_ids=2)
+    # Cells of 2 ids; a program per RUNS pieces for the odd optimizers, looping for the even.
+    emb.backward_launch = dataclasses.replace(PIECES, piece_ids=2, piece_programs_per_sm=OPTIMIZERS.index(optimizer) % 2)
     train_and_compare(emb, optimizer, steps=1, B=6, max_len=8, hot=0.6, weighted=True, lr=0.05)
 
 

@@ -1,0 +1,45 @@
+"""profile_backward's choice of the best candidate (read by scripts/device_bwd_next.sh to pick
+the launch the backward suite runs with): by the geometric mean of FBGEMM's time over ours,
+among candidates measured everywhere without error and with the first candidate's result."""
+
+import pytest
+
+from tbe_plugin.benchmarks.profile_backward import CANDIDATES, best_candidate
+
+
+def entry(fbgemm_ms, **candidates):
+    return {"fbgemm_bwd_ms": fbgemm_ms, "candidates": candidates}
+
+
+def timed(ms, relative_diff=0.0):
+    return {"bwd_ms": ms, "relative_diff": relative_diff}
+
+
+def test_best_candidate_is_the_best_geomean_among_complete_and_correct_ones():
+    report = {"entries": [
+        entry(2.0, default=timed(4.0), pieces=timed(1.0), fast_but_wrong=timed(0.1, relative_diff=0.5)),
+        entry(1.0, default=timed(1.0), pieces=timed(2.0), fast_but_wrong=timed(0.1), failed={"error": "x"}),
+        entry(3.0, default=timed(3.0), pieces=timed(2.0), fast_but_wrong=timed(0.1)),
+        {"candidates": {"default": timed(9.0)}},  # no FBGEMM time: not counted
+    ]}  # fmt: skip
+    # pieces: (2 * 0.5 * 1.5) ** (1/3) = 1.145; default: (0.5 * 1 * 1) ** (1/3) = 0.794
+    assert best_candidate(report) == "pieces"
+    del report["entries"][0]["candidates"]["pieces"]  # not measured everywhere: out
+    assert best_candidate(report) == "default"
+
+
+def test_best_candidate_refuses_a_report_it_cannot_rank():
+    with pytest.raises(ValueError, match="no entry with FBGEMM's backward time"):
+        best_candidate({"entries": [{"candidates": {"default": timed(1.0)}}]})
+    with pytest.raises(ValueError, match="no candidate measured in all 1 entries"):
+        best_candidate({"entries": [entry(1.0, default={"error": "compile"})]})
+
+
+def test_the_device_script_names_existing_candidates():
+    from pathlib import Path
+    import re
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "device_bwd_next.sh").read_text()
+    named = re.search(r"CANDIDATES=\$\{CANDIDATES:-([\w,]+)\}", script).group(1).split(",")
+    assert "default" in named and "pieces" in named
+    assert set(named) <= set(CANDIDATES)

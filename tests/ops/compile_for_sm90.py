@@ -168,35 +168,33 @@ def variants():
 
 
 # The pieces design's launch values in profile_backward's candidates (piece_ids, piece_elements).
-# (piece_elements=512 on 4 warps: no code at BLOCK_D 16, Triton 3.6's layout pass fails;
-# 8 bytes of spills at 128: not a candidate.)
-PIECES_LAUNCHES = (RunsLaunch(design="pieces"), RunsLaunch(design="pieces", piece_ids=256))
+# (weights, optimizer) of the pieces design's update kernels that CI compiles: the
+# production pair and the heaviest of each kernel at cbef21c (ptxas, every optimizer at
+# tiles 16, 128, 512: results/sm90_backward_pieces_cbef21c.jsonl). ~3 s a variant.
+PIECES_UPDATES = (("*fp16", 1), ("*fp32", 3))
+MULTI_UPDATES = (("*fp16", 1), ("*fp32", 4))
 
 
 def pieces_variants():
-    """The ``pieces`` design's kernels at tiles 16, 128 and 512: the default launch for
-    every optimizer (fp32; rowwise Adagrad with fp16 weights and stochastic rounding), the
-    other candidates' sizes for rowwise Adagrad (CI compiles each variant: ~1 s apiece)."""
-    for launch in PIECES_LAUNCHES:
-        default = launch == PIECES_LAUNCHES[0]
-        for weights in ("*fp32", "*fp16") if default else ("*fp32",):
-            for block_d in (16, 128, 512):
-                sizes = launch.for_block_d(block_d)
-                for optimizer in range(6) if default and weights == "*fp32" else (1,):
-                    modes = dict(OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
-                                 STOCHASTIC_ROUNDING=weights != "*fp32", BLOCK_D=block_d, ALIGN=4)  # fmt: skip
-                    yield pieces._pieces_kernel, dict(
-                        modes, SCALED=True, PIECE=launch.piece_ids, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-                        BARRIER=sizes.piece_warps > 1,
-                    ), sizes.piece_warps, weights, "*i32"  # fmt: skip
-                    if launch.piece_elements == 256:  # the tree kernels do not depend on piece_elements
-                        yield pieces._multi_runs_kernel, dict(modes, PIECE=launch.piece_ids, FAN_IN=launch.fan_in), \
-                            sizes.tree_warps, weights, "*i32"  # fmt: skip
-                if default and weights == "*fp32":
-                    yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), sizes.tree_warps, \
-                        weights, "*i32"  # fmt: skip
+    """The ``pieces`` design's kernels (default launch) at tiles 16, 128 and 512."""
+    launch = RunsLaunch(design="pieces")
+    for block_d in (16, 128, 512):
+        sizes = launch.for_block_d(block_d)
+        for kernel, updates in ((pieces._pieces_kernel, PIECES_UPDATES), (pieces._multi_runs_kernel, MULTI_UPDATES)):
+            for weights, optimizer in updates:
+                constexprs = dict(OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
+                                  STOCHASTIC_ROUNDING=weights != "*fp32", BLOCK_D=block_d, ALIGN=4,
+                                  PIECE=launch.piece_ids)  # fmt: skip
+                if kernel is pieces._pieces_kernel:
+                    constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
+                                      BARRIER=sizes.piece_warps > 1)  # fmt: skip
+                    yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
+                else:
+                    yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
+        yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), sizes.tree_warps, "*fp32", "*i32"
     for write in (False, True):
-        yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=64, BLOCK=backward.MARKS_BLOCK), 4, "*fp32", "*i32"
+        yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK), 4, \
+            "*fp32", "*i32"  # fmt: skip
 
 
 def main():

@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pipelines.inputs.graph import ctr_graph
 from pipelines.inputs.pool import ReaderPool
@@ -223,19 +223,29 @@ def _environment() -> Dict[str, Any]:
     return {**git_state(), "sig_files_changed": [line[3:] for line in mine if "inputs" in line],
             "python": platform.python_version(), "pyarrow": pyarrow.__version__, "fsspec": fsspec.__version__,
             "numpy": numpy.__version__, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "load_average_at_start": os.getloadavg()}  # fmt: skip
+            "load_average_at_start": os.getloadavg(), "cpu_pressure_at_start": _cpu_pressure()}  # fmt: skip
+
+
+def _cpu_pressure() -> Optional[str]:
+    """Linux's CPU pressure line (the share of time some task waited for a core), or None."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
 
 
 def markdown(env: Dict[str, Any], sharing: Dict[str, Any], scenarios: Dict[str, Dict[str, Any]], png: str) -> str:
     cpu = sharing["cpu_s_per_partition"]
     dirty = "clean tree" if not env["git_dirty"] else (
-        f"dirty tree: {len(env.get('git_changed', []))} files of other work changed, SIG's own "
+        f"dirty tree: other work's files changed ({len(env.get('git_changed', []))} listed in the JSON), SIG's own "
         + ("unchanged" if not env["sig_files_changed"] else f"changed: {', '.join(env['sig_files_changed'])}"))
     lines = [
         f"# SIG on CPU (commit {env['git_commit'][:7]}, {dirty})", "",
         f"{env['cpus']} CPUs ({env['machine']}), shared with other work: load average "
         f"{env['load_average_at_start'][0]:.1f} at the start, {env.get('load_average_at_end', [float('nan')])[0]:.1f} "
-        f"at the end; pyarrow {env['pyarrow']}, fsspec {env['fsspec']}, numpy {env['numpy']}, Python {env['python']}.",
+        f"at the end (CPU pressure at the end: `{env.get('cpu_pressure_at_end')}`); pyarrow {env['pyarrow']}, "
+        f"fsspec {env['fsspec']}, numpy {env['numpy']}, Python {env['python']}.",
         "", "## Two jobs sharing transform nodes", "",
         f"{sharing['partitions']} partitions of {sharing['rows_per_partition']} events. Job B needs "
         f"{sharing['nodes_b']} nodes, {sharing['shared_fraction_b']:.1%} of them shared with job A; "
@@ -254,17 +264,20 @@ def markdown(env: Dict[str, Any], sharing: Dict[str, Any], scenarios: Dict[str, 
         "A dry period is a run of consecutive takes that each found the pool empty, from the first "
         "ask to the last delivery. Target: none longer than one cooldown; the pool back at its minimum.", "",
         "| scenario | one reader s/partition | phases (s, partitions/s) | taken / asked | longest dry period | "
-        "longest single wait | cooldown | max size | final size (min) | changes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "longest single wait | cooldown | max size | final size (min) | changes | pool's reads: wall / CPU s each |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, r in scenarios.items():
+        stats = r["reader_stats"]
         phases = ", ".join(f"{p} {s:.0f} s at {rate:.2f}" for p, s, rate in r["phases"])
         taken = ", ".join(f"{r['taken'][p]}/{r['asked'][p]:.0f}" for p, _, _ in r["phases"])
         lines.append(f"| {name} | {r['one_reader_s_per_partition']:.3f} | {phases} | {taken} | "
                      f"**{r['longest_dry_s']:.2f} s** | {r['longest_wait_s']:.2f} s | {r['cooldown_s']} s | "
-                     f"{r['max_size']} | **{r['final_size']}** ({r['min_readers']}) | {len(r['decisions'])} |")  # fmt: skip
+                     f"{r['max_size']} | **{r['final_size']}** ({r['min_readers']}) | {len(r['decisions'])} | "
+                     f"{stats['wall_s'] / stats['partitions']:.3f} / {stats['cpu_s'] / stats['partitions']:.3f} |")  # fmt: skip
     policy = next(iter(scenarios.values()))["policy"]
-    lines += ["", f"Policy: {json.dumps(policy)}.", "", f"![timeline]({os.path.basename(png)})", ""]
+    lines += ["", "Reads' wall and CPU times are the readers' own (``SigReader.read``), latency excluded: "
+              "where wall far exceeds CPU, the readers waited for a core.", "", f"Policy: {json.dumps(policy)}.", "", f"![timeline]({os.path.basename(png)})", ""]
     for name, r in scenarios.items():
         lines += [f"### {name}: decisions (holds: {r['holds']})", "", "| t (s) | action | size | queue | busy | reason |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
@@ -279,8 +292,8 @@ def main(argv: Sequence[str] = ()) -> None:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(__file__)), "results"))
     parser.add_argument("--rows", type=int, default=50_000, help="events per partition (sharing)")
     parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--scaling-rows", type=int, default=4096, help="events per partition (autoscaling)")
-    parser.add_argument("--latency", type=float, default=0.1, help="seconds per read in the remote-store scenario")
+    parser.add_argument("--scaling-rows", type=int, default=1024, help="events per partition (autoscaling)")
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds per read in the remote-store scenario")
     parser.add_argument("--load", type=float, default=0.6, help="slow phases' share of one reader's throughput")
     parser.add_argument("--phase-seconds", type=float, default=8.0)
     parser.add_argument("--scenarios", default="remote,local", help="remote (--latency per read), local (no latency)")
@@ -288,8 +301,10 @@ def main(argv: Sequence[str] = ()) -> None:
     args = parser.parse_args(list(argv) or None)
     if args.smoke:
         args.rows, args.partitions, args.scaling_rows, args.phase_seconds = 500, 2, 500, 1.0
-    policy = ScalingPolicy(min_readers=1, max_readers=4, initial_readers=1, step=1, cooldown_s=1.0, interval_s=0.1,
-                           queue_capacity=6)  # fmt: skip
+    # The policy's defaults (cooldown, interval, queue, water marks) but for the pool's range
+    # and a task group of 2 readers kept on standby: one decision covers a 4x step from a
+    # reader at --load 0.6 (2.4 readers' worth) with processes already started.
+    policy = ScalingPolicy(min_readers=1, max_readers=4, initial_readers=1, step=2, standby=2)
     env = _environment()
     latencies = {"remote": args.latency, "local": 0.0}
     with tempfile.TemporaryDirectory() as work:
@@ -297,7 +312,7 @@ def main(argv: Sequence[str] = ()) -> None:
         scenarios = {name: measure_autoscaling(os.path.join(work, name), args.scaling_rows, policy, latencies[name],
                                                args.load, args.phase_seconds)  # fmt: skip
                      for name in args.scenarios.split(",")}
-    env["load_average_at_end"] = os.getloadavg()
+    env["load_average_at_end"], env["cpu_pressure_at_end"] = os.getloadavg(), _cpu_pressure()
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"sig_{env['git_commit'][:7]}{'_smoke' if args.smoke else ''}")
     plot_timeline(scenarios, stem + "_timeline.png")

@@ -7,8 +7,10 @@ trainer the tables in partition order (``get``). Every ``policy.interval_s`` it 
 ``ScalingController`` the queue's depth and the readers' utilization (the share of the last
 interval they spent on a partition) and starts or stops ``step`` readers as decided; every
 decision is kept (``decisions``), logged, and written as a JSON line to ``decisions_file``.
-``timeline`` samples depth, size and utilization; ``dry_spells`` are the times the trainer
-waited on an empty queue. A reader that dies has its partition read by another.
+``policy.standby`` more readers wait started and idle, so that a grow takes effect as soon as
+it is decided rather than after processes start. ``timeline`` samples depth, size and
+utilization; ``dry_spells`` are the times the trainer waited on an empty queue. A reader
+that dies has its partition read by another (and is replaced, standby ones included).
 
 A reader process exchanges frames of JSON and Arrow IPC with the pool over its stdin and
 stdout (``pipelines.inputs.wire``): no pickle. It starts with a bare ``pipelines`` package
@@ -110,6 +112,7 @@ class _Reader:
     process: subprocess.Popen
     ready: bool = False
     retiring: bool = False
+    standby: bool = False  # started, given no partitions until a grow puts it to work
     task: Optional[Tuple[int, int]] = None  # (sequence number, partition)
     busy_since: float = 0.0
     busy_s: float = 0.0  # in the current interval
@@ -151,14 +154,15 @@ class ReaderPool:
         with self._cond:
             for _ in range(policy.initial_readers):
                 self._spawn()
+            self._top_up_standby()
         self._control = threading.Thread(target=self._control_loop, name="sig-pool-controller", daemon=True)
         self._control.start()
 
     # -- reader processes (called with the lock held) --
-    def _spawn(self) -> None:
+    def _spawn(self, standby: bool = False) -> None:
         process = subprocess.Popen(light_command("pipelines.inputs.pool:reader_main", self.spec_json),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
-        reader = _Reader(process)
+        reader = _Reader(process, standby=standby)
         self._readers.append(reader)
         thread = threading.Thread(target=self._listen, args=(reader,), name=f"sig-reader-{process.pid}", daemon=True)
         self._threads.append(thread)
@@ -171,11 +175,21 @@ class ReaderPool:
         except (BrokenPipeError, OSError, ValueError):  # it died (or its pipe was closed): its listener cleans up
             return False
 
+    def _top_up_standby(self) -> None:
+        for _ in range(self.policy.standby - sum(r.standby for r in self._readers)):
+            self._spawn(standby=True)
+
     @property
     def reader_pids(self) -> List[int]:
-        """The process ids of the readers now running or starting."""
+        """The process ids of the pool's readers (running, starting or retiring; not standby)."""
         with self._cond:
-            return [r.process.pid for r in self._readers]
+            return [r.process.pid for r in self._readers if not r.standby]
+
+    @property
+    def standby_pids(self) -> List[int]:
+        """The process ids of the standby readers."""
+        with self._cond:
+            return [r.process.pid for r in self._readers if r.standby]
 
     @property
     def depth(self) -> int:
@@ -185,8 +199,8 @@ class ReaderPool:
 
     @property
     def size(self) -> int:
-        """Readers counted by the controller (starting or running, not retiring)."""
-        return sum(not r.retiring for r in self._readers)
+        """Readers counted by the controller (starting or running; not retiring, not standby)."""
+        return sum(not r.retiring and not r.standby for r in self._readers)
 
     def _in_flight(self) -> int:
         return sum(r.task is not None for r in self._readers)
@@ -196,7 +210,7 @@ class ReaderPool:
         if self._closed:
             return
         for reader in self._readers:
-            if not reader.ready or reader.task is not None:
+            if not reader.ready or reader.task is not None or reader.standby:
                 continue
             if reader.retiring:
                 reader.ready = False  # stopped: its listener removes it when it exits
@@ -255,13 +269,15 @@ class ReaderPool:
             self._retry.appendleft(reader.task)
         if not self._closed and not reader.retiring:
             log.warning("reader %d exited (code %s) unasked; replacing it", reader.process.pid, reader.process.returncode)
-        if not self._closed and self.size < self.policy.min_readers:
-            self._spawn()
+        if not self._closed:
+            if self.size < self.policy.min_readers:
+                self._spawn()
+            self._top_up_standby()
         self._dispatch()
 
     # -- the controller --
     def _utilization(self, now: float) -> float:
-        running = [r for r in self._readers if r.ready or r.task is not None]
+        running = [r for r in self._readers if not r.standby and (r.ready or r.task is not None)]
         if not running or now <= self._window_start:
             return 0.0
         busy = sum(r.busy_s + (now - max(r.busy_since, self._window_start) if r.task else 0.0) for r in running)
@@ -294,11 +310,21 @@ class ReaderPool:
         log.info("reader pool: %s %d -> %d (%s)", decision.action, decision.size_before, decision.size_after,
                  decision.reason)  # fmt: skip
         change = decision.size_after - decision.size_before
-        for _ in range(change):
-            self._spawn()
-        if change < 0:  # idle readers retire first, busy ones after their partition
-            for reader in sorted((r for r in self._readers if not r.retiring), key=lambda r: r.task is not None)[:-change]:
-                reader.retiring = True
+        if change > 0:  # standby readers (ready ones first) go to work; new processes make up the rest
+            for reader in sorted((r for r in self._readers if r.standby), key=lambda r: not r.ready)[:change]:
+                reader.standby = False
+                change -= 1
+            for _ in range(change):
+                self._spawn()
+            self._top_up_standby()
+        else:  # idle readers leave first, busy ones after their partition; to standby while it has room
+            leaving = sorted((r for r in self._readers if not r.retiring and not r.standby), key=lambda r: r.task is not None)
+            room = self.policy.standby - sum(r.standby for r in self._readers)
+            for k, reader in enumerate(leaving[:-change]):
+                if k < room and reader.task is None:
+                    reader.standby = True
+                else:
+                    reader.retiring = True
         self._dispatch()
 
     # -- the trainer's side --

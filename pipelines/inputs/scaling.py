@@ -31,6 +31,11 @@ class ScalingPolicy:
     """Readers started with the pool."""
     step: int = 1
     """Readers added or removed per decision (a task group)."""
+    standby: int = 1
+    """Reader processes kept started and idle beside the pool, not counted in its size: a
+    grow puts them to work at once and starts their replacements, instead of waiting for
+    new processes to import their libraries (seconds on a loaded machine: the benchmark's
+    dry periods at aa0cdcb). A shrink returns idle readers to standby first."""
     cooldown_s: float = 2.0
     """Seconds after a change before the next one (a new reader needs time to start and to
     fill the queue before its effect shows)."""
@@ -63,6 +68,7 @@ class ScalingPolicy:
         require(self.min_readers <= self.initial_readers <= self.max_readers, "initial_readers",
                 f"must be within min_readers..max_readers ({self.min_readers}..{self.max_readers})")  # fmt: skip
         require(self.step >= 1, "step", f"must be >= 1, got {self.step}")
+        require(self.standby >= 0, "standby", f"must be >= 0, got {self.standby}")
         require(self.cooldown_s >= 0, "cooldown_s", "must be >= 0")
         require(self.interval_s > 0, "interval_s", "must be > 0")
         require(self.queue_capacity >= 1, "queue_capacity", "must be >= 1")

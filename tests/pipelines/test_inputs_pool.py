@@ -125,6 +125,7 @@ def test_the_pool_follows_a_4x_step_in_consumption_and_back(job, tmp_path):
         assert all(d.depth <= policy.low_water and d.utilization >= policy.busy_above for d in grown)
         trace += slow_until_minimum(20.0)
         assert pool.size == policy.min_readers and len(pool.reader_pids) == 1, pool.decisions
+        assert len(pool.standby_pids) == policy.standby
     finally:
         pool.close()
     shrunk = [d for d in pool.decisions if d.action == "shrink" and d.time > grown[0].time]

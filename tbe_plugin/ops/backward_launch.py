@@ -1,5 +1,8 @@
 """Launch sizes of the backward's per-run kernels, and the classes of tables they run on.
 
+Two designs share the policy (``RunsLaunch.design``): ``chunks`` (``backward_runs``, the
+default) and ``pieces`` (``backward_pieces``); each reads its own fields.
+
 ``RunsLaunch`` is the policy (``runs_launch()`` the default; tests and profilers pass
 another through the module's ``backward_launch``); ``RunsLaunch.for_block_d`` turns it
 into one class's sizes (``ClassLaunch``). ``row_classes`` groups tables by the power-of-two

@@ -21,7 +21,10 @@ No dense gradient is ever materialized. The backward of one batch:
    Memory beyond the sorted operands: one fp32 row (of the widest tile) per segment,
    and 1/FAN_IN of that per level above (8 bytes per id at D=128).
 
-Steps 4 to 6 are in ``tbe_plugin.ops.backward_runs``, their sizes in ``backward_launch``. The optimizer update itself
+Steps 4 to 6 are in ``tbe_plugin.ops.backward_runs``, their sizes in ``backward_launch``.
+``RunsLaunch.design == "pieces"`` replaces them with ``tbe_plugin.ops.backward_pieces``
+(runs cut into pieces at multiples of ``piece_ids``, a piece a lane, partials of longer
+runs by a fixed tree; ``_launch_pieces``). The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
 aggregated gradient, as FBGEMM's exact optimizers do.
 

@@ -149,3 +149,32 @@ def test_ray_backend_and_bad_specs_are_refused_naming_them(job):
         ReaderPool(dict(spec, latency_s=-1), range(1), ScalingPolicy())
     with pytest.raises(ValueError, match="sig.kind 'nfs'"):
         ReaderPool(dict(spec, sig={"kind": "nfs"}), range(1), ScalingPolicy())
+
+
+def test_a_grow_puts_the_standby_reader_to_work_and_starts_another(job):
+    """The controller is kept out of it (it looks once an hour); its decisions are applied
+    by hand to a pool of real processes."""
+    from pipelines.inputs.scaling import Decision
+
+    raw, graph, store, spec = job
+    policy = ScalingPolicy(min_readers=1, max_readers=2, initial_readers=1, standby=1, interval_s=3600, queue_capacity=2)
+    with ReaderPool(spec, range(6), policy) as pool:
+        assert pool.get()[0] == 0  # the first reader is up
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(r.ready for r in pool._readers):
+            time.sleep(0.05)
+        [standby], [first] = pool.standby_pids, pool.reader_pids
+        with pool._cond:
+            pool._apply(Decision(0.0, "grow", 1, 2, 0.0, 1.0, "by hand"))
+        assert pool.size == 2 and sorted(pool.reader_pids) == sorted([first, standby])
+        [replacement] = pool.standby_pids
+        assert replacement not in (first, standby)
+        with pool._cond:
+            pool._apply(Decision(1.0, "shrink", 2, 1, 1.0, 0.0, "by hand"))  # standby is full: one retires
+        assert pool.size == 1 and pool.standby_pids == [replacement]
+        got = [pool.get()[0] for _ in range(5)]
+        assert pool.get() is None and got == [1, 2, 3, 4, 5]
+        deadline = time.monotonic() + 30  # the retired process exits once told to stop
+        while time.monotonic() < deadline and len(pool.reader_pids) > 1:
+            time.sleep(0.05)
+        assert len(pool.reader_pids) == 1 and [d.reason for d in pool.decisions] == ["by hand", "by hand"]

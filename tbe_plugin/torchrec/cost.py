@@ -269,7 +269,7 @@ class ImbalanceReport:
         tables = ", ".join(f"{s['table']} {_SHORT.get(s['sharding_type'], s['sharding_type'])} "
                            f"{s['share_of_rank']:.0%}" for s in self.hottest_tables())  # fmt: skip
         return (f"imbalance {plan_name}: max/mean {self.max_over_mean:.2f}, hottest rank {self.hottest_rank} of "
-                f"{len(self.ranks)} ({tables}), predicted embedding step {self.predicted_step_ms:.3f} ms")
+                f"{len(self.ranks)} ({tables}), predicted embedding step {self.predicted_step_ms:.4g} ms")
 
     def to_dict(self) -> Dict[str, Any]:
         return {"max_over_mean": self.max_over_mean, "hottest_rank": self.hottest_rank,

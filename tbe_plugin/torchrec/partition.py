@@ -244,37 +244,62 @@ def plan_splits(module: Any, sharders: List[Any], topology: Any, statistics: Fea
     return PlanResult(name, plan, shards, imbalance_report(shards, statistics, model), planning_s)
 
 
+def tables_to_refine(report: ImbalanceReport, target: float) -> List[str]:
+    """The tables whose shards make ranks exceed ``target`` x the mean: on each such rank,
+    every shard at least as costly as the excess (shrinking one of them could cure it),
+    else the rank's costliest shard."""
+    mean_s = sum(r.seconds for r in report.ranks) / len(report.ranks)
+    tables = set()
+    for rank in report.ranks:
+        excess = rank.seconds - target * mean_s
+        if excess <= 0 or not rank.shards:
+            continue
+        big = [s["table"] for s in rank.shards if s["seconds"] >= excess]
+        tables.update(big or [max(rank.shards, key=lambda s: s["seconds"])["table"]])
+    return sorted(tables)
+
+
 def feedback_plan(module: Any, sharders: List[Any], topology: Any, statistics: FeatureStatistics, model: CostModel,
-                  compute_kernel: str, target: float = 1.1, max_rounds: int = 6,
-                  first_piece_fraction: float = 0.5) -> PlanResult:
-    """Feedback-directed partitioning: each table gets the cheapest split whose shards
-    are at most a fraction of a rank's mean load (``choose_splits``), the planner places
-    them, and the report prices every rank. While the hottest rank is above ``target`` x
-    the mean, the tables with a shard on a rank above it get half their fraction (finer
-    splits: the planner fixes which rank of a host holds which rows, so a hot range can
-    only be made cheaper, not moved) and it plans again. The result is the fastest plan
-    (least predicted step) within ``target``, else the most balanced; ``planning_s`` is
-    the process time of all rounds."""
+                  compute_kernel: str, target: float = 1.15, coarse_fractions: Sequence[float] = (1.0, 0.5, 0.25),
+                  refine_rounds: int = 3) -> PlanResult:
+    """Feedback-directed partitioning. Each table gets the cheapest split whose shards
+    are at most a fraction of a rank's mean load (``choose_splits``); the planner places
+    the shards and the report prices every rank. First one fraction for all tables, from
+    each of ``coarse_fractions`` (finer splits balance better but move more bytes: outputs
+    of row splits, ids of column splits); then, from the fastest of those, up to
+    ``refine_rounds`` rounds in which the tables that make ranks exceed ``target`` x the
+    mean (``tables_to_refine``) get half their fraction (the planner fixes which rank of a
+    host holds which rows, so a hot range can be made cheaper, not moved). Stops as soon as
+    a plan is within ``target``. The result is the fastest plan (least predicted step)
+    within ``target``, else the fastest; ``planning_s`` is the process time of all rounds."""
     if target < 1.0:
         raise ValueError(f"target must be >= 1.0 (max/mean), got {target}")
+    if not coarse_fractions or min(coarse_fractions) <= 0:
+        raise ValueError(f"coarse_fractions must be > 0, got {tuple(coarse_fractions)}")
     began = time.process_time()
     candidates = {t.name: split_candidates(t, model) for t in statistics.tables}
-    fraction = {name: first_piece_fraction for name in candidates}
-    results: List[PlanResult] = []
-    for round_index in range(max_rounds):
+    results: List[Tuple[PlanResult, Dict[str, float]]] = []
+
+    def attempt(fraction: Dict[str, float]) -> bool:
         splits = choose_splits(candidates, model.world_size, fraction)
         result = plan_splits(module, sharders, topology, statistics, model, compute_kernel, splits, "fdp")
-        results.append(result)
-        report = result.report
-        if report.max_over_mean <= target:
+        results.append((result, fraction))
+        return result.report.max_over_mean <= target
+
+    def fastest(pool: List[Tuple[PlanResult, Dict[str, float]]]) -> Tuple[PlanResult, Dict[str, float]]:
+        within = [r for r in pool if r[0].report.max_over_mean <= target]
+        return min(within or pool, key=lambda r: r[0].report.predicted_step_ms)
+
+    done = any(attempt({name: f for name in candidates}) for f in coarse_fractions)
+    current = fastest(results)
+    for _ in range(0 if done else refine_rounds):  # each round refines the last one's hot tables further
+        refined = dict(current[1])
+        for name in tables_to_refine(current[0].report, target):
+            refined[name] /= 2
+        if attempt(refined):
             break
-        mean_s = sum(r.seconds for r in report.ranks) / len(report.ranks)
-        hot = {s["table"] for r in report.ranks if r.seconds > target * mean_s for s in r.shards}
-        for name in hot:
-            fraction[name] /= 2
-    within = [r for r in results if r.report.max_over_mean <= target]
-    best = (min(within, key=lambda r: r.report.predicted_step_ms) if within
-            else min(results, key=lambda r: r.report.max_over_mean))  # fmt: skip
+        current = results[-1]
+    best, _ = fastest(results)
     return dataclasses.replace(best, planning_s=time.process_time() - began, rounds=len(results))
 
 

@@ -77,12 +77,29 @@ def test_non_finite_loss_holds_with_exit_code_3(uninterrupted, tmp_path):
         assert (checkpoints / "step_4" / name).read_bytes() == (good_checkpoints / "step_4" / name).read_bytes(), name
 
 
+def test_a_bad_configuration_found_after_start_holds(uninterrupted, tmp_path):
+    """Resuming 2 ranks' checkpoints with 1 rank is found only once the job runs (each rank's
+    data position is its own): an error hold naming it, the checkpoints left alone."""
+    _, checkpoints = uninterrupted
+    before = sorted(os.listdir(checkpoints))
+    result = run_app(tmp_path, *PERIODIC, f"checkpoint.dir={checkpoints}", nproc=1)
+    assert result.returncode != 0 and "[rank 0] metrics" not in result.stdout
+    hold = json.loads((tmp_path / "HOLD.json").read_text())
+    assert (hold["kind"], hold["reason"], hold["step"]) == ("error", "bad_config", None), hold
+    assert "written by 2 ranks and this job has 1" in hold["exception"]
+    assert hold["last_good_checkpoint"] == str(checkpoints / "step_12")
+    assert sorted(os.listdir(checkpoints)) == before
+
+
 def _criteo_days(directory, ready: bool):
     """Two Criteo day files; day 0's 202 lines end inside a batch of 32, so a batch spans
-    the two files. ``ready=False`` leaves day 1 and its marker out (written later)."""
+    the two files. ``ready=False`` leaves day 1 and its marker out (written later). The
+    evaluation reads a held-out file beside them (``held_out.tsv``)."""
     directory.mkdir()
     days = [directory / "day_0.tsv", directory / "day_1.tsv"]
     write_criteo(days[0], 202, seed=0)
+    write_criteo(directory / "held_out.tsv", 64, seed=2)
+    (directory / "held_out.tsv._SUCCESS").touch()
     (directory / "day_0.tsv._SUCCESS").touch()
     if ready:
         _write_day_1(days[1])
@@ -96,7 +113,8 @@ def _write_day_1(path):
 
 
 def _criteo_job(days, checkpoints):
-    return [f"data.criteo_paths=[{days[0]},{days[1]}]", "data=criteo", "data.batch_size=32", "tables.num_tables=26",
+    return [f"data.criteo_paths=[{days[0]},{days[1]}]", f"data.criteo_eval_paths=[{days[0].parent / 'held_out.tsv'}]",
+            "data=criteo", "data.batch_size=32", "tables.num_tables=26",
             "data.criteo_ready_suffix=._SUCCESS", "steps=10", "eval_batches=1", "backend=fbgemm",
             f"checkpoint.dir={checkpoints}"]  # fmt: skip
 

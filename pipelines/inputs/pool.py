@@ -237,10 +237,16 @@ class ReaderPool:
     def _listen(self, reader: _Reader) -> None:
         """One reader's replies, until its process ends."""
         while True:
+            table = None
             try:
                 frame = read_frame(reader.process.stdout)
-            except (EOFError, OSError, ValueError) as error:
-                log.warning("reader %d: broken reply (%s)", reader.process.pid, error)
+                if frame is not None and "task" in frame[0] and not frame[0].get("error"):
+                    # Decoded and validated outside the lock: the trainer and the other
+                    # readers' listeners do not wait on it.
+                    table = bytes_table(frame[1])
+            except (EOFError, OSError, ValueError) as error:  # WireError is a ValueError
+                log.warning("reader %d: broken reply (%s); stopping it", reader.process.pid, error)
+                reader.process.kill()  # its partition goes to another reader
                 frame = None
             with self._cond:
                 if frame is None:
@@ -255,7 +261,6 @@ class ReaderPool:
                     reader.busy_s += now - max(reader.busy_since, self._window_start)
                     reader.task = None
                     error = header.get("error")
-                    table = None if error else bytes_table(payload)
                     if not error:
                         self.stats.add(ReaderStats.from_json(header["stats"]))
                     self._results[int(header["task"])] = (int(header["partition"]), table, error)

@@ -125,11 +125,11 @@ class KernelSpeed:
                 tbps = result.get("modes", {}).get(mode, {}).get("tbps")
                 if tbps:
                     speeds[mode].append(tbps * 1e12)
+        environment = report.get("environment", {})
         if not speeds["fwd"] or not speeds["bwd"]:
             raise ValueError(f"{path}: no {provider!r} forward and backward speeds (a tbe_plugin.benchmarks.backward "
                              "JSON is needed)")  # fmt: skip
-        environment = report.get("environment", {})
-        commit = report.get("git_commit") or report.get("git", {}).get("git_commit", "unknown commit")
+        commit = environment.get("git_commit") or report.get("git_commit", "unknown commit")
         source = (f"{os.path.relpath(path, os.path.dirname(RESULTS_DIR))} ({provider}, median of "
                   f"{len(speeds['bwd'])} configs, {environment.get('device_name', '?')}, {commit})")  # fmt: skip
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)

@@ -142,7 +142,7 @@ def _row_line(row: Dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['world_size']:>5} {row['plan']:>7}  error: {row['error']}"
     return (f"{row['world_size']:>5} {row['plan']:>7}  max/mean {row['max_over_mean']:7.2f}  "
-            f"step {row['predicted_step_ms']:9.3f} ms  planned in {row['planning_s']:6.2f} s ({row['rounds']} rounds)  {row['shards_by_type']}")
+            f"step {row['predicted_step_ms']:9.3f} ms  planned in {row['planning_s']:6.2f} s CPU ({row['rounds']} rounds)  {row['shards_by_type']}")
 
 
 def to_markdown(rows: List[Dict[str, Any]], header: Dict[str, Any]) -> str:
@@ -150,7 +150,9 @@ def to_markdown(rows: List[Dict[str, Any]], header: Dict[str, Any]) -> str:
              f"{header['tables']} tables, {header['rank_batch_size']} bags per rank and feature, "
              f"{header['local_world_size']} ranks per host, {header['hbm_gb']} GB per device. Statistics: "
              f"{header['statistics']}. Kernel speeds: {header['kernel']}.", "",
-             "| ranks | plan | max/mean | predicted embedding step (ms) | planning (s) | rounds | shards by type |",
+             "Planning: process CPU time of the planner (TorchRec's enumerator, estimators, proposer and partitioner, "
+             "and for fdp every round), one thread.", "",
+             "| ranks | plan | max/mean | predicted embedding step (ms) | planning CPU (s) | rounds | shards by type |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if "error" in r:

@@ -17,6 +17,8 @@ SPARSE_OPTIMIZERS = ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADA
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 LR_SCHEDULES = ("constant", "linear_warmup")
 SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard")
+SHARDING_PRESETS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "grid", "hybrid", "balanced")
+"""``tbe_plugin.torchrec.partition.PRESETS``' names (tests/pipelines/test_repartition.py checks they agree)."""
 DATA_SOURCES = ("synthetic", "criteo", "sig")
 SIG_RAW_LOGS = ("synthetic", "tsv")
 # Per-table workloads the tables can be drawn from (``tbe_plugin.workloads`` builds them).
@@ -264,6 +266,16 @@ class ShardingConfig:
     """Sharding types the planner may use for every table (empty: any)."""
     per_table: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     """Sharding types allowed per table, overriding ``sharding_types``."""
+    preset: str = ""
+    """A partitioning preset (``SHARDING_PRESETS``; empty: ``sharding_types``): one sharding
+    type, ``hybrid`` (all) or ``balanced`` (planned from ``statistics_file``)."""
+    statistics_file: str = ""
+    """Feature statistics JSON ``balanced`` plans from (``statistics_out`` of an earlier run)."""
+    statistics_every: int = 0
+    """Sample one step in this many for feature statistics and log the plan's imbalance at
+    the end (0: off)."""
+    statistics_out: str = ""
+    """Where the statistics JSON goes at the end ({rank} is not needed: rank 0 writes it)."""
 
     def __post_init__(self) -> None:
         for key, types in [("sharding.sharding_types", self.sharding_types)] + [
@@ -271,6 +283,15 @@ class ShardingConfig:
         ]:
             bad = [t for t in types if t not in SHARDING_TYPES]
             _require(not bad, key, f"{bad} not among {', '.join(SHARDING_TYPES)}")
+        if self.preset:
+            _require_choice(self.preset, SHARDING_PRESETS, "sharding.preset")
+            _require(not self.sharding_types and not self.per_table, "sharding.preset",
+                     "set either a preset or sharding_types/per_table, not both")  # fmt: skip
+        _require(self.preset != "balanced" or bool(self.statistics_file), "sharding.statistics_file",
+                 "sharding.preset=balanced plans from measured statistics: give their JSON")  # fmt: skip
+        _require(self.statistics_every >= 0, "sharding.statistics_every", "must be >= 0")
+        _require(not self.statistics_out or self.statistics_every > 0, "sharding.statistics_out",
+                 "needs sharding.statistics_every > 0")  # fmt: skip
 
 
 @dataclasses.dataclass

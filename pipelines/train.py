@@ -95,6 +95,10 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     allowed = {f"t{i}": list(cfg.sharding.sharding_types) for i in range(cfg.tables.num_tables)}
     allowed.update({t: list(v) for t, v in cfg.sharding.per_table.items()})
     constraints = {t: ParameterConstraints(sharding_types=v) for t, v in allowed.items() if v}
+    if cfg.sharding.preset:
+        from pipelines.repartition import preset_constraints
+
+        constraints = preset_constraints(cfg.sharding.preset, [t.name for t in tables], cfg.sharding.statistics_file)
     topology = Topology(world_size=world_size, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
                         compute_device=device.type)  # fmt: skip
     model = DLRMTrain(dlrm)
@@ -293,6 +297,12 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         if rank == 0:
             print(f"[rank 0] resumed from {resume_from} at step {first_step}", flush=True)
     batches = make_batches(cfg, rank, cfg.steps - first_step, position=position)
+    if cfg.sharding.statistics_every:  # feature statistics of the batches as the pipeline draws them
+        from pipelines.data import rows_per_table
+        from pipelines.repartition import ObservedBatches, make_collector
+
+        collector = make_collector(rows_per_table(cfg.tables), cfg.tables.dim, device, cfg.sharding.statistics_every)
+        batches = ObservedBatches(batches, collector)
     signals = StepSignals(host)
     health = HealthMonitor(device, cfg.health.check_state_every_steps, cfg.health.check_state_rows, cfg.data.seed)
     saved: Dict[str, Any] = {"step": first_step, "path": resume_from}  # nothing trained since: no save
@@ -430,11 +440,33 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         log.record("eval", first_step + len(losses), **quality)
     if store:
         metrics["checkpoint"] = checkpoint_path
+    if cfg.sharding.statistics_every:
+        _log_imbalance(cfg, dmp, batches.collector, world_size, device, log, first_step + len(losses), metrics)
     log.record("final", first_step + len(losses), **metrics)
     log.close()
     if rank == 0:
         print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
     return metrics
+
+
+def _log_imbalance(cfg: TrainConfig, dmp, collector, world_size: int, device: torch.device, log: Any, step: int,
+                   metrics: Dict[str, Any]) -> None:
+    """The plan's imbalance under the statistics of the batches trained on: a log record,
+    a line from rank 0, the ratio in ``metrics``, the statistics JSON if asked."""
+    import torch.distributed as dist
+
+    from pipelines.repartition import report_imbalance
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    statistics, report = report_imbalance(dmp, collector, world_size, local, cfg.data.batch_size, device.type)
+    name = cfg.sharding.preset or "plan"
+    log.record("imbalance", step, max_over_mean=report.max_over_mean, hottest_rank=report.hottest_rank,
+               predicted_step_ms=report.predicted_step_ms, hottest_tables=report.hottest_tables())  # fmt: skip
+    metrics["imbalance_max_over_mean"] = report.max_over_mean
+    if dist.get_rank() == 0:
+        print(f"[rank 0] {report.line(name)}", flush=True)
+        if cfg.sharding.statistics_out:
+            statistics.save(cfg.sharding.statistics_out)
 
 
 def _start_profiler(device: torch.device):

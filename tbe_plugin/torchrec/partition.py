@@ -6,18 +6,18 @@ each), ``hybrid`` (all of them, from TorchRec's static guesses: pooling factor 1
 uniform) and ``balanced`` (all of them, planned from measured ``FeatureStatistics``).
 
 The planner is TorchRec's own ``EmbeddingShardingPlanner`` (enumerator, storage
-estimator, greedy proposer, greedy perf partitioner) with one change: the shards' perf
-comes from ``StatisticsPerfEstimator``, which prices each shard with
-``tbe_plugin.torchrec.cost.CostModel`` -- measured pooling factors and hot rows, the
-kernel's measured speed -- instead of TorchRec's estimator (which assumes uniform ids
-and takes about 2.6 ms a shard on one CPU core: 13 minutes for 300 tables at 1024 ranks).
-The constraints carry the measured pooling factors too (``ParameterConstraints``), so
-TorchRec's storage estimate of the input buffers follows the data.
+estimator, greedy proposer, greedy partitioner placing the costliest options first) with
+one change: the shards' perf comes from ``StatisticsPerfEstimator``, which prices each
+shard with ``tbe_plugin.torchrec.cost.CostModel`` -- measured pooling factors and hot
+rows, the kernel's measured speed -- instead of TorchRec's estimator (uniform ids, a
+bandwidth constant per kernel). The constraints carry the measured pooling factors too
+(``ParameterConstraints``), so TorchRec's storage estimate of the buffers follows the data.
 
-``feedback_plan`` closes the loop on paper: it plans, reports each rank's cost, and while
-the hottest rank is above ``target`` it re-plans with finer splits allowed for the tables
-on that rank (column-wise at a smaller ``min_partition``, no whole-table placement),
-keeping the best plan. ``python -m tbe_plugin.torchrec.partition`` plans and reports.
+``feedback_plan`` closes the loop on paper: per table, the cheapest split (whole,
+columns, rows in a host, rows x columns, rows over every rank) whose costliest shard
+fits a fraction of a rank's mean load; the planner places them; the report prices every
+rank; the tables that make ranks hot are split finer and it plans again (its docstring).
+``python -m tbe_plugin.torchrec.partition`` plans and reports.
 
 Imports TorchRec and ``tbe_plugin.torchrec`` only; ``pipelines`` and the benchmarks import it.
 """

@@ -192,9 +192,13 @@ def pieces_variants():
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), sizes.tree_warps, "*fp32", "*i32"
-    for write in (False, True):
+    for write, keys in ((False, "*i32"), (True, "*i32"), (True, "*i64")):  # int64 keys: 2**31 rows or more
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK), 4, \
-            "*fp32", "*i32"  # fmt: skip
+            "*fp32", keys  # fmt: skip
+    sizes = launch.for_block_d(128)
+    yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
+                                      PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
+                                      UNROLL=launch.piece_unroll, BARRIER=True), sizes.piece_warps, "*fp32", "*i64"
 
 
 def main():

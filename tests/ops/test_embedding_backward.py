@@ -603,3 +603,14 @@ def test_pieces_design_on_cuda(optimizer):
         modules.append(emb)
     assert_bitwise_equal(modules[0], modules[1])
     torch.testing.assert_close(modules[0].weights, modules[2].weights, atol=1e-5, rtol=1e-5)
+
+
+def test_pieces_int64_row_keys(monkeypatch):
+    """Row keys sorted as int64 (2**31 rows or more in all): the pieces design's results
+    are the reference's too."""
+    from tbe_plugin.ops import embedding_backward
+
+    monkeypatch.setattr(embedding_backward, "INT32_KEYS_BELOW", 0)
+    emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
+    emb.backward_launch = PIECES
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.7, weighted=True, lr=0.05)

@@ -4,8 +4,8 @@
 takes configs of the benchmark suite (``suite.py``: the same inputs as the A/B), runs
 forward + backward under ``torch.profiler`` for each optimizer asked, and writes
 DIR/profile_backward.json: the device time of every kernel, ours (default launch sizes)
-and FBGEMM's on the same batch, FBGEMM's backward time, and ours for each candidate
-launch (``CANDIDATES``: ``RunsLaunch`` values, passed through the module's
+and FBGEMM's on the same batch, FBGEMM's backward time, and ours (time and the ten largest
+kernels) for each candidate launch (``CANDIDATES``: ``RunsLaunch`` values, passed through the module's
 ``backward_launch``). Nothing reads it at run time: it tells the next change what to do.
 
 ``--best-of DIR/profile_backward.json`` prints the candidate whose backward time, over the
@@ -138,7 +138,8 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
             scale = max(b.float().abs().max().item() for b in expected)
             entry["candidates"][name] = {"launch": dataclasses.asdict(launch), "max_diff_vs_first": diff,
                                          "relative_diff": diff / max(scale, 1e-30),
-                                         "bwd_ms": time_backward(ours, batch, grad, iters)}  # fmt: skip
+                                         "bwd_ms": time_backward(ours, batch, grad, iters),
+                                         "kernels": kernel_breakdown(ours, batch, grad, top=10)}  # fmt: skip
         except Exception as error:  # noqa: BLE001 - a candidate that fails to compile is reported
             entry["candidates"][name] = {"error": f"{type(error).__name__}: {error}"[:300]}
         print(cfg.name, optimizer, name, entry["candidates"][name].get("bwd_ms"), flush=True)

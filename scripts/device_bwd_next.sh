@@ -11,10 +11,10 @@
 # flag from this checkout, written in literally: the device's copy has no .git):
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_bwd_next.sh
 #
-# Steps and their limits (seconds), 450 in all: GPU tests of the backward 100;
+# Steps and their limits (seconds), 470 in all: GPU tests of the backward 100;
 # profile_backward on seven configs, most telling first (the JSON is rewritten after each,
-# so a cut run keeps what it measured) 200; the whole backward suite (5 timed rounds) under
-# the profile's best candidate 150. Candidates: HEAD's default, the pieces design with
+# so a cut run keeps what it measured; each candidate's kernels are profiled too) 230; the
+# whole backward suite (5 timed rounds) under the profile's best candidate 140. Candidates: HEAD's default, the pieces design with
 # cells of 64 and 256 ids and with a program per RUNS pieces, and the chunk design with
 # 4-warp loop kernels (the D=512 regression). pieces_p32 is left out: at 53-72 registers
 # no more than ~16 two-warp programs fit a multiprocessor anyway.
@@ -35,14 +35,14 @@ timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_e
 echo "=== profile $(date +%T)"
 CANDIDATES=${CANDIDATES:-default,pieces,pieces256,pieces_grid,auto_loop_warps4}
 CONFIGS=${CONFIGS:-ctr-mix,wide-d512-fp16,long-bags,zipf1.15,b8192,user-id,fbgemm-standard}
-timeout 200 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
+timeout 230 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
   --candidates "$CANDIDATES" --iters 5 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/profile.log" | tail -40
 
 echo "=== suite $(date +%T)"
 BEST=$(python3 -m tbe_plugin.benchmarks.profile_backward --best-of "$OUT/profile_backward.json" 2>>"$OUT/profile.log")
 echo "best candidate: ${BEST:-none (see profile.log)}" | tee -a "$OUT/profile.log"
 if [ -n "$BEST" ]; then
-  timeout 150 python3 -m tbe_plugin.benchmarks.profile_backward --suite-with "$BEST" -- --out "$OUT" --iters 5 \
+  timeout 140 python3 -m tbe_plugin.benchmarks.profile_backward --suite-with "$BEST" -- --out "$OUT" --iters 5 \
     --warmup 2 --batches 2 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/suite.log" | tail -40
 fi
 echo "=== done $(date +%T)"

@@ -50,9 +50,9 @@ def _git(*args):
 
 def test_ab_report_on_cpu(tmp_path):
     out = tmp_path / "report"
-    command = [sys.executable, str(ROOT / "scripts" / "ab.py"), "--out", str(out), "--nproc", "1", "--skip", "2",
-               "--profile-steps", "2", "--", "steps=6", "eval_batches=1", "eval_every_steps=3",
-               "data.batch_size=32"]  # fmt: skip
+    command = [sys.executable, str(ROOT / "scripts" / "ab.py"), "--out", str(out), "--nproc", "1", "--skip", "1",
+               "--profile-steps", "1", "--", "steps=4", "eval_batches=1", "eval_every_steps=2",
+               "data.batch_size=16"]  # fmt: skip
     before = _git("rev-parse", "HEAD").stdout.strip()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -60,7 +60,7 @@ def test_ab_report_on_cpu(tmp_path):
 
 
 def check_report(out, before):
-    """Every part of the report of ``run_order(2)``'s four 6-step runs in ``out``; its commit
+    """Every part of the report of ``run_order(2)``'s four 4-step runs in ``out``; its commit
     is ``before`` or a later one (a shared checkout may gain commits during the runs)."""
     text = (out / "report.md").read_text()
     summary = json.loads((out / "summary.json").read_text())
@@ -77,7 +77,7 @@ def check_report(out, before):
     assert summary["noise_sentence"] in text
     assert all(summary["comparison"]["backends"][b]["runs"] == 2 for b in ("fbgemm", "triton"))
     for run in summary["runs"]:
-        assert run["throughput"]["steps_timed"] == 4, run  # 6 steps less the 2 warm-up ones
+        assert run["throughput"]["steps_timed"] == 3, run  # 4 steps less the warm-up one
         final = run["final"]
         assert 0.5 < final["optimal_auc"] <= 1 and final["optimal_log_loss"] > 0, final
         assert final["excess_log_loss"] == pytest.approx(final["log_loss"] - final["optimal_log_loss"])
@@ -89,11 +89,11 @@ def check_report(out, before):
         assert phases["total_ms"] == pytest.approx(sum(phases[p] for p in ("tbe_forward", "tbe_backward",
                                                                            "all_to_all", "dense_and_other")))
     divergence = summary["divergence"]
-    assert divergence["fbgemm vs triton"]["steps"] == 6
+    assert divergence["fbgemm vs triton"]["steps"] == 4
     assert divergence["fbgemm vs triton"]["max_abs"] < 1e-4, divergence
     assert divergence["triton run to run"]["max_abs"] == 0.0, divergence  # fixed seed: runs repeat exactly
     for image in ("loss.png", "step_time.png", "eval.png"):
         assert f"]({image})" in text
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
     records = [json.loads(line) for line in (out / "run1_fbgemm" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "eval"] == [3, 6]  # every 3 steps and at the end
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4]  # every 2 steps and at the end

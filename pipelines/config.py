@@ -202,7 +202,8 @@ class SigDataConfig:
 @dataclasses.dataclass
 class DataConfig:
     source: str = "synthetic"
-    """``synthetic`` (generated per seed and rank), ``criteo`` (TSV files, Criteo's format)
+    """``synthetic`` (the planted click log, ``pipelines.data.PlantedClickLog``: fresh batches
+    per seed, rank and stream, a known optimum), ``criteo`` (TSV files, Criteo's format)
     or ``sig`` (features read through shared input generation: ``data.sig``)."""
     sig: SigDataConfig = dataclasses.field(default_factory=SigDataConfig)
     """``sig``: the store, the raw log and the readers."""
@@ -276,6 +277,14 @@ class ShardingConfig:
     the end (0: off)."""
     statistics_out: str = ""
     """Where the statistics JSON goes at the end ({rank} is not needed: rank 0 writes it)."""
+    repartition_every: int = 0
+    """Re-plan from the statistics so far every this many steps and re-shard in mid-run
+    when it pays (0: off; needs ``statistics_every`` and ``checkpoint.dir``)."""
+    repartition_imbalance: float = 1.1
+    """Re-plan only when the running plan's predicted max/mean rank cost reaches this (1: always)."""
+    repartition_min_gain: float = 0.05
+    """Re-shard when the new plan's predicted embedding step is this fraction faster (a
+    negative value re-shards onto any different plan, even a slower one: for tests)."""
 
     def __post_init__(self) -> None:
         for key, types in [("sharding.sharding_types", self.sharding_types)] + [
@@ -292,6 +301,12 @@ class ShardingConfig:
         _require(self.statistics_every >= 0, "sharding.statistics_every", "must be >= 0")
         _require(not self.statistics_out or self.statistics_every > 0, "sharding.statistics_out",
                  "needs sharding.statistics_every > 0")  # fmt: skip
+        _require(self.repartition_every >= 0, "sharding.repartition_every", "must be >= 0 (0: off)")
+        _require(not self.repartition_every or self.statistics_every > 0, "sharding.repartition_every",
+                 "re-plans from the statistics: needs sharding.statistics_every > 0")  # fmt: skip
+        _require(self.repartition_imbalance >= 1.0, "sharding.repartition_imbalance", "must be >= 1 (a max/mean)")
+        _require(-1.0 <= self.repartition_min_gain < 1.0, "sharding.repartition_min_gain",
+                 "must be in [-1, 1) (a fraction of the predicted step)")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -426,6 +441,8 @@ class TrainConfig:
         _require(self.steps >= 1, "steps", "must be >= 1")
         _require(self.eval_batches >= 0, "eval_batches", "must be >= 0")
         _require(self.eval_every_steps >= 0, "eval_every_steps", "must be >= 0")
+        _require(not self.sharding.repartition_every or bool(self.checkpoint.dir), "sharding.repartition_every",
+                 "re-shards through a checkpoint: needs checkpoint.dir")  # fmt: skip
         if isinstance(self.data, DataConfig) and self.data.source == "criteo":
             _require(self.tables.num_tables == 26, "tables.num_tables", "must be 26 with data.source=criteo")
             _require(self.tables.alike, "tables.workload", "criteo's ids need tables alike (no workload, no per_table)")

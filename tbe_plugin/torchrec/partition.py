@@ -15,8 +15,10 @@ bandwidth constant per kernel). The constraints carry the measured pooling facto
 
 ``feedback_plan`` closes the loop on paper: per table, the cheapest split (whole,
 columns, rows in a host, rows x columns, rows over every rank) whose costliest shard
-fits a fraction of a rank's mean load; the planner places them; the report prices every
-rank; the tables that make ranks hot are split finer and it plans again (its docstring).
+fits a fraction of a rank's mean load; the planner places them, choosing the host of
+each group of row shards by the hottest rank it makes (``RankMaxHostPartitioner``); the
+report prices every rank; the tables that make ranks hot are split finer and it plans
+again (its docstring).
 ``python -m tbe_plugin.torchrec.partition`` plans and reports.
 
 Imports TorchRec and ``tbe_plugin.torchrec`` only; ``pipelines`` and the benchmarks import it.
@@ -24,6 +26,7 @@ Imports TorchRec and ``tbe_plugin.torchrec`` only; ``pipelines`` and the benchma
 
 import argparse
 import dataclasses
+import functools
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -122,11 +125,86 @@ class StatisticsPerfEstimator:
                                   bwd_compute=cost.backward_s, bwd_comms=cost.comm_s / 2)  # fmt: skip
 
 
+HOST_PLACEMENTS = ("host_total", "rank_max")
+"""How the partitioner picks a host for a group of row shards (table-row-wise, grid):
+``host_total``: TorchRec's rule, the host with the least total load; ``rank_max``:
+``RankMaxHostPartitioner``'s, the host whose hottest rank is least hot with the group on it."""
+
+
+@functools.lru_cache(maxsize=None)
+def rank_max_partitioner_class() -> Any:
+    """``RankMaxHostPartitioner``, a TorchRec partitioner class, defined on first use
+    (TorchRec is imported lazily in this module)."""
+    from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+    from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
+
+    def block_loads(shard_lists: Sequence[Sequence[Any]], local: int) -> List[float]:
+        """The perf each local rank gets from row blocks ``0 .. local - 1`` of each list."""
+        return [sum(shards[i].perf.total for shards in shard_lists if shards[i].perf is not None)
+                for i in range(local)]  # fmt: skip
+
+    def rank_max_with(devices: List[Any], loads: Sequence[float]) -> Tuple[float, float]:
+        """The hottest rank of a host (and the host's total) with ``loads[i]`` added to
+        local rank ``i``: where TorchRec's row-split shardings put row block ``i``."""
+        after = [d.perf.total + load for d, load in zip(devices, loads)]
+        return max(after), sum(after)
+
+    class RankMaxHostPartitioner(GreedyPerfPartitioner):
+        """TorchRec's ``GreedyPerfPartitioner`` that picks the host of a table-row-wise group
+        or of each grid column block by the hottest rank it makes, not the host's total.
+
+        TorchRec's table-row-wise and grid shardings always give row block ``i`` of a host
+        to local rank ``i`` (``TwRwEmbeddingSharding._shard`` takes ``shards[rank_idx]``
+        and the input dist bucketizes ids into ``local_size`` blocks), so the host is the
+        only free choice; by the host total, a hot block can land on a local rank already
+        holding other hot blocks. The placement inside a host is TorchRec's own (the parent's
+        method called with one host, or with the chosen hosts); a group that does not fit
+        where this rule points falls back to TorchRec's order."""
+
+        @classmethod
+        def _cohost_partition(cls, sharding_option_group: Any, _host_level_devices: List[List[Any]]) -> None:
+            blocks = [o.shards for o in sharding_option_group.sharding_options
+                      if o.sharding_type == "table_row_wise"]  # fmt: skip
+            if len(blocks) != len(sharding_option_group.sharding_options):  # table-column-wise: TorchRec's rule
+                return super()._cohost_partition(sharding_option_group, _host_level_devices)
+            local = len(_host_level_devices[0])
+            loads = block_loads(blocks, local)
+            for devices in sorted(_host_level_devices, key=lambda d: rank_max_with(d, loads)):
+                try:
+                    return super()._cohost_partition(sharding_option_group, [devices])
+                except PlannerError:  # does not fit this host's memory: the next
+                    continue
+            raise PlannerError(error_type=PlannerErrorType.PARTITION,
+                               message=f"can't find a host for sharding option group {sharding_option_group}")
+
+        def _multi_hosts_partition(self, sharding_option_group: Any, _host_level_devices: List[List[Any]]) -> None:
+            option = sharding_option_group.sharding_options[0]
+            local = len(_host_level_devices[0])
+            hosts_needed = len(option.shards) // local
+            if len(sharding_option_group.sharding_options) != 1 or hosts_needed > len(_host_level_devices):
+                return super()._multi_hosts_partition(sharding_option_group, _host_level_devices)
+            # Column blocks have the same row blocks, so one block's shards rank every host;
+            # the parent, given exactly hosts_needed hosts, puts one column block on each.
+            loads = block_loads([option.shards], local)
+            ranked = sorted(_host_level_devices, key=lambda d: rank_max_with(d, loads))
+            try:
+                return super()._multi_hosts_partition(sharding_option_group, ranked[:hosts_needed])
+            except PlannerError:  # the chosen hosts lack memory: TorchRec's search over all
+                return super()._multi_hosts_partition(sharding_option_group, _host_level_devices)
+
+    return RankMaxHostPartitioner
+
+
 def make_statistics_planner(topology: Any, statistics: FeatureStatistics, model: CostModel,
-                            constraints: Dict[str, Any], proposal_patience: int = 8) -> Any:
+                            constraints: Dict[str, Any], proposal_patience: int = 8,
+                            host_placement: str = "host_total") -> Any:
     """TorchRec's ``EmbeddingShardingPlanner`` whose shard perf is ``StatisticsPerfEstimator``'s.
     One greedy proposer that stops after ``proposal_patience`` proposals no better than
-    its best (TorchRec's four default proposers take minutes at a few hundred tables)."""
+    its best (TorchRec's four default proposers take minutes at a few hundred tables).
+    ``host_placement`` (``HOST_PLACEMENTS``) picks TorchRec's partitioner or
+    ``RankMaxHostPartitioner``; both place the costliest options first."""
+    if host_placement not in HOST_PLACEMENTS:
+        raise ValueError(f"host_placement {host_placement!r} is not one of {HOST_PLACEMENTS}")
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner, SortBy
@@ -134,13 +212,14 @@ def make_statistics_planner(topology: Any, statistics: FeatureStatistics, model:
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.stats import NoopEmbeddingStats
 
+    partitioner_class = rank_max_partitioner_class() if host_placement == "rank_max" else GreedyPerfPartitioner
     estimators = [StatisticsPerfEstimator(topology, constraints, statistics, model),
                   EmbeddingStorageEstimator(topology=topology, constraints=constraints)]  # fmt: skip
     enumerator = EmbeddingEnumerator(topology, model.rank_batch_size, constraints, estimator=estimators)
     return EmbeddingShardingPlanner(
         topology=topology, batch_size=model.rank_batch_size, constraints=constraints, enumerator=enumerator,
         proposer=[GreedyProposer(threshold=proposal_patience)], stats=[NoopEmbeddingStats()], debug=False,
-        partitioner=GreedyPerfPartitioner(sort_by=SortBy.PERF),  # costliest first (the default: largest first)
+        partitioner=partitioner_class(sort_by=SortBy.PERF),  # costliest first (the default: largest first)
     )  # fmt: skip
 
 
@@ -227,9 +306,11 @@ def choose_splits(candidates: Dict[str, List[TableSplit]], world_size: int,
 
 
 def plan_splits(module: Any, sharders: List[Any], topology: Any, statistics: FeatureStatistics, model: CostModel,
-                compute_kernel: str, splits: Dict[str, TableSplit], name: str) -> PlanResult:
+                compute_kernel: str, splits: Dict[str, TableSplit], name: str,
+                host_placement: str = "rank_max") -> PlanResult:
     """TorchRec's planner with one sharding type (and column width) per table, as
-    ``splits`` say; placement by the planner's greedy partitioner over the statistics' costs."""
+    ``splits`` say; placement by the greedy partitioner over the statistics' costs, with
+    row-shard groups' hosts chosen by ``host_placement`` (``make_statistics_planner``)."""
     from torchrec.distributed.planner import ParameterConstraints
 
     constraints = {
@@ -238,7 +319,8 @@ def plan_splits(module: Any, sharders: List[Any], topology: Any, statistics: Fea
         for t, s in splits.items()
     }  # fmt: skip
     began = time.process_time()
-    plan = make_statistics_planner(topology, statistics, model, constraints).plan(module, sharders)
+    planner = make_statistics_planner(topology, statistics, model, constraints, host_placement=host_placement)
+    plan = planner.plan(module, sharders)
     planning_s = time.process_time() - began
     shards = shards_of_plan(plan)
     return PlanResult(name, plan, shards, imbalance_report(shards, statistics, model), planning_s)
@@ -261,17 +343,21 @@ def tables_to_refine(report: ImbalanceReport, target: float) -> List[str]:
 
 def feedback_plan(module: Any, sharders: List[Any], topology: Any, statistics: FeatureStatistics, model: CostModel,
                   compute_kernel: str, target: float = 1.15, coarse_fractions: Sequence[float] = (1.0, 0.5, 0.25),
-                  refine_rounds: int = 3) -> PlanResult:
+                  refine_rounds: int = 3, host_placement: str = "rank_max") -> PlanResult:
     """Feedback-directed partitioning. Each table gets the cheapest split whose shards
     are at most a fraction of a rank's mean load (``choose_splits``); the planner places
     the shards and the report prices every rank. First one fraction for all tables, from
     each of ``coarse_fractions`` (finer splits balance better but move more bytes: outputs
     of row splits, ids of column splits); then, from the fastest of those, up to
     ``refine_rounds`` rounds in which the tables that make ranks exceed ``target`` x the
-    mean (``tables_to_refine``) get half their fraction (the planner fixes which rank of a
-    host holds which rows, so a hot range can be made cheaper, not moved). Stops as soon as
-    a plan is within ``target``. The result is the fastest plan (least predicted step)
-    within ``target``, else the fastest; ``planning_s`` is the process time of all rounds."""
+    mean (``tables_to_refine``) get half their fraction (TorchRec fixes which rank of a
+    host holds which rows, so a hot range can be moved to another host or made cheaper,
+    not moved within its host). The refinement starts from the fastest coarse plan even
+    when a finer coarse plan is within ``target``, and stops as soon as a plan is.
+    ``host_placement`` is ``make_statistics_planner``'s (``rank_max``: the host of a
+    row-shard group by the hottest rank it makes). The result is the fastest plan (least
+    predicted step) within ``target``, else the fastest; ``planning_s`` is the process
+    time of all rounds."""
     if target < 1.0:
         raise ValueError(f"target must be >= 1.0 (max/mean), got {target}")
     if not coarse_fractions or min(coarse_fractions) <= 0:
@@ -282,7 +368,8 @@ def feedback_plan(module: Any, sharders: List[Any], topology: Any, statistics: F
 
     def attempt(fraction: Dict[str, float]) -> bool:
         splits = choose_splits(candidates, model.world_size, fraction)
-        result = plan_splits(module, sharders, topology, statistics, model, compute_kernel, splits, "fdp")
+        result = plan_splits(module, sharders, topology, statistics, model, compute_kernel, splits, "fdp",
+                             host_placement)
         results.append((result, fraction))
         return result.report.max_over_mean <= target
 
@@ -290,8 +377,11 @@ def feedback_plan(module: Any, sharders: List[Any], topology: Any, statistics: F
         within = [r for r in pool if r[0].report.max_over_mean <= target]
         return min(within or pool, key=lambda r: r[0].report.predicted_step_ms)
 
-    done = any(attempt({name: f for name in candidates}) for f in coarse_fractions)
-    current = fastest(results)
+    any(attempt({name: f for name in candidates}) for f in coarse_fractions)  # stops at the first within target
+    # Refine from the fastest plan even when a finer one is within target: balancing the
+    # fastest plan's few hot tables is cheaper than cutting every table finer.
+    current = min(results, key=lambda r: r[0].report.predicted_step_ms)
+    done = current[0].report.max_over_mean <= target
     for _ in range(0 if done else refine_rounds):  # each round refines the last one's hot tables further
         refined = dict(current[1])
         for name in tables_to_refine(current[0].report, target):
@@ -365,6 +455,6 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["PRESETS", "PlanResult", "StatisticsPerfEstimator", "feedback_plan", "make_statistics_planner",
-           "meta_collection", "plan_preset", "preset_constraints", "shards_of_options", "static_statistics",
-           "TableStatistics"]  # fmt: skip
+__all__ = ["HOST_PLACEMENTS", "PRESETS", "PlanResult", "StatisticsPerfEstimator", "TableStatistics", "feedback_plan",
+           "make_statistics_planner", "meta_collection", "plan_preset", "preset_constraints",
+           "rank_max_partitioner_class", "shards_of_options", "static_statistics"]  # fmt: skip

@@ -174,3 +174,51 @@ def test_simulation_smoke(tmp_path):
         by_plan = {r["plan"]: r for r in rows if r["world_size"] == w}
         assert by_plan["fdp"]["max_over_mean"] <= by_plan["static"]["max_over_mean"]
     assert "| ranks | plan |" in result.with_suffix(".md").read_text()
+
+
+def host_blocks(shards, local):
+    """Per (table, first column): the host of its row blocks, checking TorchRec's rule that
+    row block i of a host-level shard group sits on local rank i of one host."""
+    groups = {}
+    for s in shards:
+        groups.setdefault((s.table, s.first_col), []).append(s)
+    hosts = {}
+    for key, group in groups.items():
+        group.sort(key=lambda s: s.first_row)
+        host = group[0].rank // local
+        assert [s.rank for s in group] == [host * local + i for i in range(local)], key
+        hosts[key] = host
+    return hosts
+
+
+def test_rank_max_host_placement_avoids_colliding_hot_row_blocks():
+    """Table a is hot in its second half (row block 1), b and c in their first (block 0).
+    TorchRec's rule puts c on the host with the least total, b's host, so both hot
+    blocks land on one rank; picking the host by its hottest rank puts c's hot block
+    on a's cool rank 0. Grid column blocks keep one host each, row blocks in order."""
+    from torchrec.distributed.planner import Topology
+
+    from tbe_plugin.torchrec import get_sharders
+    from tbe_plugin.torchrec._compat import triton_kernel
+    from tbe_plugin.torchrec.partition import TableSplit, make_statistics_planner, meta_collection, plan_splits
+
+    s = stats(table("a", 1000, 8, 10.0, heavy=[(900, 950.0)]), table("b", 1000, 8, 8.0, heavy=[(100, 760.0)]),
+              table("c", 1000, 8, 6.0, heavy=[(100, 570.0)]))  # fmt: skip
+    module, sharders, kernel = meta_collection(s), get_sharders("triton"), triton_kernel()
+    row_wise_in_host = {t.name: TableSplit("table_row_wise", t.dim, 0.0, 0.0) for t in s.tables}
+    with_grid = dict(row_wise_in_host, c=TableSplit("grid_shard", 4, 0.0, 0.0))
+    for world_size, splits in ((4, row_wise_in_host), (6, with_grid)):
+        topology = Topology(world_size=world_size, local_world_size=2, compute_device="cuda")
+        model = CostModel.from_topology(topology, KERNEL, rank_batch_size=100)
+        results = {placement: plan_splits(module, sharders, topology, s, model, kernel, splits, "t", placement)
+                   for placement in ("host_total", "rank_max")}  # fmt: skip
+        hosts = {placement: host_blocks(r.shards, 2) for placement, r in results.items()}
+        assert results["rank_max"].report.max_over_mean < results["host_total"].report.max_over_mean
+        if world_size == 4:
+            assert hosts["host_total"] == {("a", 0): 0, ("b", 0): 1, ("c", 0): 1}
+            assert hosts["rank_max"] == {("a", 0): 0, ("b", 0): 1, ("c", 0): 0}
+            assert results["rank_max"].report.hottest_rank == 1  # a's hot block, alone
+        else:
+            assert hosts["rank_max"][("c", 0)] != hosts["rank_max"][("c", 4)]  # one host per column block
+    with pytest.raises(ValueError, match="host_placement 'nope'"):
+        make_statistics_planner(topology, s, model, {}, host_placement="nope")

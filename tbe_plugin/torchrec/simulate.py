@@ -8,7 +8,8 @@ planning time. The plans:
 - ``static``: whole tables placed from TorchRec's static guesses (pooling factor 1,
   uniform ids), what a job gets with no statistics and table-wise sharding;
 - ``hybrid``: every sharding type, still from the static guesses;
-- ``fdp``: ``partition.feedback_plan`` from the measured statistics.
+- ``fdp``: ``partition.feedback_plan`` from the measured statistics;
+- ``fdp_host_total`` (``--plans``, not run by default): ``fdp`` with TorchRec's host rule.
 
 The statistics come from a real run, scaled: ``record`` runs the collector on CPU over
 batches of ``tbe_plugin.workloads.ctr_mix`` and saves them (with the commit) under
@@ -32,6 +33,9 @@ from tbe_plugin.torchrec.stats import ROW_BUCKETS, FeatureStatistics, TableStati
 
 WORLD_SIZES = (8, 64, 256, 1024)
 PLANS = ("static", "hybrid", "fdp")
+ABLATIONS = ("fdp_host_total",)
+"""Plans run only when asked for: ``fdp_host_total`` is ``fdp`` with TorchRec's host rule
+(the least total load) for row-shard groups instead of the hottest rank's."""
 LOCAL_WORLD_SIZE = 8
 """Ranks per host (an 8-GPU host)."""
 HBM_GB = 140.0
@@ -100,16 +104,17 @@ def plan_once(stats: FeatureStatistics, world_size: int, plan: str, kernel: Kern
     from tbe_plugin.torchrec._compat import triton_kernel
     from tbe_plugin.torchrec.partition import feedback_plan, meta_collection, plan_preset
 
-    if plan not in PLANS:
-        raise ValueError(f"plan {plan!r} is not one of {PLANS}")
+    if plan not in PLANS + ABLATIONS:
+        raise ValueError(f"plan {plan!r} is not one of {PLANS + ABLATIONS}")
     topology = Topology(world_size=world_size, local_world_size=min(local_world_size, world_size),
                         compute_device="cuda", hbm_cap=int(hbm_gb * 2**30))  # fmt: skip
     model = CostModel.from_topology(topology, kernel, rank_batch_size)
     compute_kernel = triton_kernel() if backend == "triton" else "fused"
     module, sharders = meta_collection(stats), get_sharders(backend)
     began = time.process_time()
-    if plan == "fdp":
-        result = feedback_plan(module, sharders, topology, stats, model, compute_kernel)
+    if plan in ("fdp", "fdp_host_total"):
+        result = feedback_plan(module, sharders, topology, stats, model, compute_kernel,
+                               host_placement="rank_max" if plan == "fdp" else "host_total")
     else:
         result = plan_preset(module, sharders, topology, stats, model, "table_wise" if plan == "static" else "hybrid",
                              compute_kernel)  # fmt: skip
@@ -175,12 +180,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     run = sub.add_parser("run", help="plan the scaled model at each world size and write the table")
     run.add_argument("--statistics", required=True, help="recorded statistics (record's JSON)")
     run.add_argument("--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES))
-    run.add_argument("--plans", nargs="+", default=list(PLANS), choices=PLANS)
+    run.add_argument("--plans", nargs="+", default=list(PLANS), choices=PLANS + ABLATIONS)
     run.add_argument("--row-factors", type=int, nargs="+", default=[1, 4, 16])
     run.add_argument("--giant-tables", type=int, default=4)
     run.add_argument("--rank-batch-size", type=int, default=4096)
     run.add_argument("--kernel-benchmark", help="backward benchmark JSON (default: the current H200 one)")
     run.add_argument("--out-dir", default=RESULTS_DIR)
+    run.add_argument("--tag", default="", help="suffix of the results' names (an ablation beside the main table)")
     args = parser.parse_args(argv)
 
     import torch
@@ -203,7 +209,8 @@ def main(argv: Optional[List[str]] = None) -> None:
               "local_world_size": LOCAL_WORLD_SIZE, "hbm_gb": HBM_GB, "kernel": kernel.source,
               "statistics": f"{os.path.basename(args.statistics)} scaled (row factors {args.row_factors}, "
                             f"{args.giant_tables} tables of 1e9 rows)", "max_rows": max(t.rows for t in stats.tables)}  # fmt: skip
-    base = os.path.join(args.out_dir, f"partition_simulation_{state['git_commit'][:7]}")
+    tag = f"_{args.tag}" if args.tag else ""
+    base = os.path.join(args.out_dir, f"partition_simulation_{state['git_commit'][:7]}{tag}")
     with open(base + ".json", "w") as f:
         json.dump({"header": header, "rows": rows}, f, indent=1)
     with open(base + ".md", "w") as f:

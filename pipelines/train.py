@@ -54,12 +54,13 @@ def _init_distributed() -> Tuple[int, int, torch.device]:
     return rank, world_size, device
 
 
-def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None):
-    """DLRM over the configured tables, sharded for ``cfg.backend``; and the dense optimizer.
-    ``init(dmp, seed, bounds)`` sets the tables, table ``t`` to U(-bounds[t], bounds[t]) with
-    bound 1/sqrt(rows), TorchRec's default (default ``init_tables``)."""
+def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None,
+                plan: Optional[Any] = None):
+    """DLRM over the configured tables, sharded for ``cfg.backend`` by ``plan`` (default:
+    the app's planner's); and the dense optimizer. ``init(dmp, seed, bounds)`` sets the
+    tables, table ``t`` to U(-bounds[t], bounds[t]) with bound 1/sqrt(rows), TorchRec's
+    default (default ``init_tables``)."""
     import torch.distributed as dist
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -67,7 +68,7 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
     from pipelines.data import rows_per_table
-    from tbe_plugin.torchrec import get_sharders, make_planner
+    from tbe_plugin.torchrec import make_planner
 
     rows = rows_per_table(cfg.tables)
     tables = [
@@ -86,12 +87,7 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
         dlrm = DLRM_DCN(**arch, dcn_num_layers=cfg.model.dcn_num_layers, dcn_low_rank_dim=cfg.model.dcn_low_rank_dim)
     else:
         dlrm = DLRM(**arch)
-    fused_params = {
-        "optimizer": EmbOptimType[cfg.optimizer.sparse],
-        "learning_rate": cfg.optimizer.sparse_lr,
-        "eps": cfg.optimizer.sparse_eps,
-    }
-    sharders = get_sharders(cfg.backend.name, fused_params=fused_params)
+    sharders = make_sharders(cfg)
     allowed = {f"t{i}": list(cfg.sharding.sharding_types) for i in range(cfg.tables.num_tables)}
     allowed.update({t: list(v) for t, v in cfg.sharding.per_table.items()})
     constraints = {t: ParameterConstraints(sharding_types=v) for t, v in allowed.items() if v}
@@ -102,8 +98,9 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     topology = Topology(world_size=world_size, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
                         compute_device=device.type)  # fmt: skip
     model = DLRMTrain(dlrm)
-    planner = make_planner(topology, batch_size=cfg.data.batch_size, constraints=constraints or None)
-    plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+    if plan is None:
+        planner = make_planner(topology, batch_size=cfg.data.batch_size, constraints=constraints or None)
+        plan = planner.collective_plan(model, sharders, dist.group.WORLD)
     dmp = DistributedModelParallel(
         model, env=ShardingEnv.from_process_group(dist.group.WORLD), plan=plan, device=device, sharders=sharders
     )
@@ -111,6 +108,20 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     dense = [p for name, p in dmp.named_parameters() if "embedding_bags" not in name]
     optimizer_class = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
     return dmp, optimizer_class[cfg.optimizer.dense](dense, lr=cfg.optimizer.dense_lr)
+
+
+def make_sharders(cfg: TrainConfig) -> List[Any]:
+    """The backend's sharders with the configured fused optimizer."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from tbe_plugin.torchrec import get_sharders
+
+    fused_params = {
+        "optimizer": EmbOptimType[cfg.optimizer.sparse],
+        "learning_rate": cfg.optimizer.sparse_lr,
+        "eps": cfg.optimizer.sparse_eps,
+    }
+    return get_sharders(cfg.backend.name, fused_params=fused_params)
 
 
 def _override_table_optimizer(weight: torch.nn.Parameter, settings: Dict[str, Any]) -> None:
@@ -237,8 +248,11 @@ def _checkpoint_state(dmp, dense_optimizer, step: int) -> Dict[str, Any]:
 def _restore(store: CheckpointStore, path: str, dmp, dense_optimizer) -> Tuple[int, Any]:
     """Loads the checkpoint at ``path`` into the model and both optimizers; returns its
     step and this rank's data position."""
+    from pipelines.repartition import load_resharded
+
     state = _checkpoint_state(dmp, dense_optimizer, 0)
-    step, position = store.load(path, state)
+    step, position = store.load(path, {})  # the step, the positions, the world-size check; no tensors
+    load_resharded(path, state)  # each rank's fused state lacks other ranks' tables: see there
     dmp.load_state_dict(state["model"])
     dmp.fused_optimizer.load_state_dict(state["fused"])
     dense_optimizer.load_state_dict(state["dense"])
@@ -283,19 +297,29 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     host = host_group()  # every rank makes it here, first
     torch.manual_seed(cfg.data.seed)  # the dense layers' initial weights, the same on every rank and backend
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    dmp, dense_optimizer = build_model(cfg, device, world_size)
-    sparse_base = [group["lr"] for group in dmp.fused_optimizer.param_groups]  # as configured, before any resume
-    pipeline = StalenessTrainPipeline(
-        dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness, dense_grad_lag=cfg.pipeline.dense_grad_lag,
-        tbe_max_sms=cfg.pipeline.tbe_max_sms,
-    )
     store = CheckpointStore(cfg.checkpoint.dir, cfg.checkpoint.keep_last, host) if cfg.checkpoint.dir else None
     first_step, position = 0, None
     resume_from = store.newest(announce=rank == 0) if store and cfg.checkpoint.resume else None
+    plan_file, plan = None, None
+    if resume_from:  # under the plan it was written under, if the job re-sharded before it
+        from pipelines.repartition import plan_of_checkpoint
+
+        plan_file, plan = plan_of_checkpoint(cfg.checkpoint.dir, int(os.path.basename(resume_from)[len("step_"):]))
+    dmp, dense_optimizer = build_model(cfg, device, world_size, plan=plan)
+    sparse_base = [group["lr"] for group in dmp.fused_optimizer.param_groups]  # as configured, before any resume
+
+    def make_pipeline() -> StalenessTrainPipeline:
+        return StalenessTrainPipeline(
+            dmp, dense_optimizer, device, staleness=cfg.pipeline.staleness,
+            dense_grad_lag=cfg.pipeline.dense_grad_lag, tbe_max_sms=cfg.pipeline.tbe_max_sms,
+        )  # fmt: skip
+
+    pipeline = make_pipeline()
     if resume_from:
         first_step, position = _restore(store, resume_from, dmp, dense_optimizer)
         if rank == 0:
-            print(f"[rank 0] resumed from {resume_from} at step {first_step}", flush=True)
+            under = f" under the plan of {plan_file}" if plan_file else ""
+            print(f"[rank 0] resumed from {resume_from} at step {first_step}{under}", flush=True)
     batches = make_batches(cfg, rank, cfg.steps - first_step, position=position)
     if cfg.sharding.statistics_every:  # feature statistics of the batches as the pipeline draws them
         from pipelines.data import rows_per_table
@@ -303,6 +327,11 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
 
         collector = make_collector(rows_per_table(cfg.tables), cfg.tables.dim, device, cfg.sharding.statistics_every)
         batches = ObservedBatches(batches, collector)
+    repartitioner, reshards = None, []
+    if cfg.sharding.repartition_every:  # the closed loop: re-plan from the statistics, re-shard when it pays
+        from pipelines.repartition import carry_batches, make_repartitioner, record_plan
+
+        repartitioner = make_repartitioner(cfg, make_sharders(cfg), world_size, device.type)
     signals = StepSignals(host)
     health = HealthMonitor(device, cfg.health.check_state_every_steps, cfg.health.check_state_rows, cfg.data.seed)
     saved: Dict[str, Any] = {"step": first_step, "path": resume_from}  # nothing trained since: no save
@@ -417,6 +446,21 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                     progress.set_postfix(loss=f"{losses[-1]:.4f}", examples_per_s=f"{rate:.0f}")
             if store and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint()
+            if repartitioner is not None and repartitioner.due(step) and step < cfg.steps:
+                decision = repartitioner.check(dmp, batches.collector, step)
+                log.record("repartition", step, **decision.record())
+                if rank == 0:
+                    print(f"[rank 0] {decision.line()}", flush=True)
+                if decision.reshard:
+                    path = checkpoint()  # drains; written under the old plan
+                    old_pipeline = pipeline
+                    old_pipeline.detach()
+                    dmp, dense_optimizer, sparse_base = _resharded(cfg, decision.plan, store, path, device, world_size)
+                    pipeline = make_pipeline()
+                    carry_batches(old_pipeline, pipeline)
+                    reshards.append(step)
+                    if rank == 0:
+                        record_plan(cfg.checkpoint.dir, step, decision.plan)
             if cfg.eval_every_steps and cfg.eval_batches and step % cfg.eval_every_steps == 0 and step < cfg.steps:
                 drain()
                 pipeline.detach()  # evaluation runs the model's own forwards; progress() re-attaches
@@ -440,6 +484,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         log.record("eval", first_step + len(losses), **quality)
     if store:
         metrics["checkpoint"] = checkpoint_path
+    if repartitioner is not None:
+        metrics["reshard_steps"] = reshards
     if cfg.sharding.statistics_every:
         _log_imbalance(cfg, dmp, batches.collector, world_size, device, log, first_step + len(losses), metrics)
     log.record("final", first_step + len(losses), **metrics)
@@ -447,6 +493,20 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     if rank == 0:
         print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
     return metrics
+
+
+def _resharded(cfg: TrainConfig, plan: Any, store: CheckpointStore, path: str, device: torch.device,
+               world_size: int) -> Tuple[Any, Any, List[float]]:
+    """The model and both optimizers built under ``plan`` and loaded from the checkpoint at
+    ``path`` (DCP re-shards what was written under the old plan), and the sparse groups'
+    configured learning rates."""
+    # Building draws the dense layers' initial weights, which the load replaces: the run's
+    # random stream must go on as if nothing was built.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        dmp, dense_optimizer = build_model(cfg, device, world_size, plan=plan)
+    sparse_base = [group["lr"] for group in dmp.fused_optimizer.param_groups]
+    _restore(store, path, dmp, dense_optimizer)
+    return dmp, dense_optimizer, sparse_base
 
 
 def _log_imbalance(cfg: TrainConfig, dmp, collector, world_size: int, device: torch.device, log: Any, step: int,
@@ -466,7 +526,10 @@ def _log_imbalance(cfg: TrainConfig, dmp, collector, world_size: int, device: to
     if dist.get_rank() == 0:
         print(f"[rank 0] {report.line(name)}", flush=True)
         if cfg.sharding.statistics_out:
+            from pipelines.repartition import plan_file_beside, save_plan
+
             statistics.save(cfg.sharding.statistics_out)
+            save_plan(dmp.plan, plan_file_beside(cfg.sharding.statistics_out), step=step)
 
 
 def _start_profiler(device: torch.device):

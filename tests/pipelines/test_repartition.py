@@ -1,12 +1,13 @@
 """Partitioning in the training app: the presets' config names and checks, and one run on
 2 gloo ranks with a preset and feature statistics, whose imbalance line and statistics
-JSON come out of it."""
+JSON come out of it; the closed loop: a run that re-shards in mid-training, then resumes,
+trains bitwise as one that never re-shards."""
 
 import json
 
 import pytest
 
-from pipelines.config import SHARDING_PRESETS, ShardingConfig
+from pipelines.config import SHARDING_PRESETS, ConfigError, ShardingConfig
 from tests.pipelines.test_train_app import metrics, run_app
 
 
@@ -22,6 +23,14 @@ def test_config_presets_are_the_partitioners():
         ShardingConfig(preset="balanced")
     with pytest.raises(ValueError, match="sharding.statistics_out"):
         ShardingConfig(statistics_out="x.json")
+    with pytest.raises(ValueError, match="sharding.repartition_every"):
+        ShardingConfig(repartition_every=10)  # no statistics to re-plan from
+    with pytest.raises(ValueError, match="sharding.repartition_every"):
+        ShardingConfig(repartition_every=-1, statistics_every=1)
+    with pytest.raises(ValueError, match="sharding.repartition_imbalance"):
+        ShardingConfig(repartition_every=10, statistics_every=1, repartition_imbalance=0.5)
+    with pytest.raises(ValueError, match="sharding.repartition_min_gain"):
+        ShardingConfig(repartition_every=10, statistics_every=1, repartition_min_gain=1.0)
 
 
 def test_preset_constraints():
@@ -33,10 +42,13 @@ def test_preset_constraints():
         preset_constraints("balanced", ["t0"])
 
 
-def test_app_logs_the_imbalance_and_saves_statistics(tmp_path):
+def test_app_logs_the_imbalance_and_saves_statistics(tmp_path, capsys):
     """Row-wise tables, statistics on every other step: the run ends with the imbalance
-    line, the ratio in its metrics, and both ranks' batches in the statistics; a second
-    run plans ``balanced`` from them."""
+    line, the ratio in its metrics, both ranks' batches in the statistics and its plan
+    beside them, which ``partition report`` reprices to the same ratio; a second run plans
+    ``balanced`` from them."""
+    from tbe_plugin.torchrec.partition import main as partition_main
+
     out = tmp_path / "stats.json"
     result = run_app(tmp_path, "backend=fbgemm", "steps=6", "eval_batches=0", "sharding.preset=row_wise",
                      "sharding.statistics_every=2", f"sharding.statistics_out={out}")  # fmt: skip
@@ -47,6 +59,97 @@ def test_app_logs_the_imbalance_and_saves_statistics(tmp_path):
     stats = json.loads(out.read_text())
     assert stats["world_size"] == 2 and stats["steps_observed"] == 6
     assert all(t["batches"] == 3 and t["bags_per_batch"] == 2 * 32 for t in stats["tables"])
+    plan = tmp_path / "stats.plan.json"
+    shards = json.loads(plan.read_text())["shards"]
+    assert {(s["table"], s["sharding_type"]) for s in shards} == {(f"t{i}", "row_wise") for i in range(4)}
+    assert {s["rank"] for s in shards} == {0, 1}
+    partition_main(["report", "--statistics", str(out), "--plan", str(plan), "--world-size", "2",
+                    "--local-world-size", "2", "--compute-device", "cpu", "--rank-batch-size", "32"])  # fmt: skip
+    assert f"max/mean {values['imbalance_max_over_mean']:.2f}" in capsys.readouterr().out
     balanced = run_app(tmp_path, "backend=fbgemm", "steps=2", "eval_batches=0", "sharding.preset=balanced",
                        f"sharding.statistics_file={out}")  # fmt: skip
     assert metrics(balanced)["steps"] == 2
+
+
+def test_repartition_needs_a_checkpoint_dir():
+    from omegaconf import OmegaConf
+
+    from pipelines.config import TrainConfig
+
+    raw = OmegaConf.merge(OmegaConf.structured(TrainConfig),
+                          {"sharding": {"statistics_every": 1, "repartition_every": 4}})  # fmt: skip
+    with pytest.raises((ValueError, ConfigError), match="sharding.repartition_every.*checkpoint.dir"):
+        OmegaConf.to_object(raw)
+
+
+# t0 draws 16 ids a bag, the others 1: TorchRec's static estimate (every table alike)
+# puts two tables on each rank; the measured statistics put t0 alone. Table-wise only, so
+# the new plan moves whole tables (rowwise Adagrad's arithmetic is that of its table, not
+# of its rank; column or row re-splits would change it).
+SKEWED = "tables.per_table=[" + ",".join(
+    f"{{rows:2000,pooling_factor:{p},zipf_alpha:1.05}}" for p in (16, 1, 1, 1)) + "]"
+LOOP = ("backend=fbgemm", "eval_batches=0", SKEWED, "sharding.preset=table_wise", "sharding.statistics_every=1",
+        "sharding.repartition_every=3")  # fmt: skip
+
+
+def _records(path, kind):
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
+
+
+def _checkpoint_tensors(path, out):
+    """Every tensor of a DCP checkpoint, whole (whatever plan wrote it)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(out))
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
+def test_reshard_in_mid_run_then_resume_changes_no_result(tmp_path):
+    """A run re-plans after step 3 from the statistics, moves t2 to t0's other rank and
+    trains on in the same processes; it stops at step 4 and a second launch resumes under
+    the new plan to step 6. Its losses, and every weight and optimizer state of its last
+    checkpoint, are bitwise those of a run whose loop never re-shards (imbalance trigger
+    above any 2-rank max/mean)."""
+    import torch
+
+    base = run_app(tmp_path, *LOOP, "steps=6", "sharding.repartition_imbalance=50",
+                   f"checkpoint.dir={tmp_path / 'base'}", f"logging.metrics_file={tmp_path / 'base.jsonl'}")  # fmt: skip
+    assert metrics(base)["reshard_steps"] == []
+    (kept,) = _records(tmp_path / "base.jsonl", "repartition")
+    assert kept["outcome"] == "balanced_enough" and kept["step"] == 3
+
+    moved = run_app(tmp_path, *LOOP, "steps=4", "sharding.repartition_imbalance=1.0",
+                    "sharding.repartition_min_gain=-1.0", f"checkpoint.dir={tmp_path / 'moved'}",
+                    f"logging.metrics_file={tmp_path / 'moved.jsonl'}")  # fmt: skip
+    assert metrics(moved)["reshard_steps"] == [3]
+    (record,) = _records(tmp_path / "moved.jsonl", "repartition")
+    assert record["outcome"] == "resharded" and record["new_plan"] != record["old_plan"]
+    assert all(v.startswith("table_wise@") for v in record["new_plan"].values())
+    assert record["new_max_over_mean"] < record["old_max_over_mean"]
+    assert "repartition at step 3: resharded" in moved.stdout
+    assert (tmp_path / "moved" / "plans" / "step_3.json").exists()
+
+    resumed = run_app(tmp_path, *LOOP, "steps=6", "sharding.repartition_imbalance=1.0",
+                      "sharding.repartition_min_gain=-1.0", f"checkpoint.dir={tmp_path / 'moved'}",
+                      f"logging.metrics_file={tmp_path / 'resumed.jsonl'}")  # fmt: skip
+    assert metrics(resumed)["steps"] == 6
+    assert f"resumed from {tmp_path / 'moved' / 'step_4'} at step 4 under the plan of" in resumed.stdout
+
+    losses = [r["loss"] for r in _records(tmp_path / "moved.jsonl", "step") + _records(tmp_path / "resumed.jsonl", "step")]
+    assert losses == [r["loss"] for r in _records(tmp_path / "base.jsonl", "step")]
+    expected = _checkpoint_tensors(tmp_path / "base" / "step_6", tmp_path / "base.pt")
+    got = _checkpoint_tensors(tmp_path / "moved" / "step_6", tmp_path / "moved.pt")
+    assert sorted(got) == sorted(expected) and any("momentum1" in k for k in got)
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key

@@ -85,9 +85,10 @@ def main() -> None:
     for world_size, grid in ((4, False), (6, True)):
         results = run_distributed(worker, world_size, grid)
         same = all(r["placed"] == results[0]["placed"] for r in results)
+        diffs = [f"{r['max_abs_diff']:.1e}" for r in results]
         print(f"{world_size} ranks, c {'grid' if grid else 'table-row-wise'}: (table, first col, first row, rank) "
               f"{results[0]['placed']}; same plan on every rank: {same}; max |DMP - embedding_bag| per rank "
-              f"{[f'{r['max_abs_diff']:.1e}' for r in results]}")  # fmt: skip
+              f"{diffs}")  # fmt: skip
 
 
 if __name__ == "__main__":

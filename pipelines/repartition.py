@@ -353,3 +353,17 @@ def plan_of_checkpoint(checkpoint_dir: Optional[str], checkpoint_step: int) -> "
     path = os.path.join(directory, f"step_{max(earlier)}.json")
     with open(path) as f:
         return path, plan_from_json(json.load(f))
+
+
+def restore_statistics(collector: FeatureStatisticsCollector, path: str) -> bool:
+    """The collector's totals from the checkpoint at ``path`` (a collective); False, and
+    nothing loaded, when it was written without statistics (they then start from zero)."""
+    import torch.distributed.checkpoint as dcp
+
+    keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    if not any(k.startswith("statistics.") for k in keys):
+        return False
+    state = {"statistics": collector.state_dict()}
+    load_resharded(path, state)
+    collector.load_state_dict(state["statistics"])
+    return True

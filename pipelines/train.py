@@ -320,12 +320,14 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         if rank == 0:
             under = f" under the plan of {plan_file}" if plan_file else ""
             print(f"[rank 0] resumed from {resume_from} at step {first_step}{under}", flush=True)
-    batches = make_batches(cfg, rank, cfg.steps - first_step, position=position)
+    batches, collector = make_batches(cfg, rank, cfg.steps - first_step, position=position), None
     if cfg.sharding.statistics_every:  # feature statistics of the batches as the pipeline draws them
         from pipelines.data import rows_per_table
-        from pipelines.repartition import ObservedBatches, make_collector
+        from pipelines.repartition import ObservedBatches, make_collector, restore_statistics
 
         collector = make_collector(rows_per_table(cfg.tables), cfg.tables.dim, device, cfg.sharding.statistics_every)
+        if resume_from:
+            restore_statistics(collector, resume_from)
         batches = ObservedBatches(batches, collector)
     repartitioner, reshards = None, []
     if cfg.sharding.repartition_every:  # the closed loop: re-plan from the statistics, re-shard when it pays
@@ -397,6 +399,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         hold_if(signals.agree(unhealthy=bad["loss_step"] is not None or bad["state"]).unhealthy)
         if store is not None and saved["step"] != step:
             state = _checkpoint_state(dmp, dense_optimizer, step)
+            if collector is not None:  # the statistics survive a resume
+                state["statistics"] = collector.state_dict()
             saved.update(step=step, path=store.save(state, step, batches.position_after(step - first_step)))
         return saved["path"]
 

@@ -115,16 +115,22 @@ def _checkpoint_tensors(path, out):
     return flat
 
 
+def _trained_state(flat):
+    """The model's and optimizers' tensors (the statistics are compared on their own)."""
+    return {k: v for k, v in flat.items() if not k.startswith(".statistics.")}
+
+
 def test_reshard_in_mid_run_then_resume_changes_no_result(tmp_path):
     """A run re-plans after step 3 from the statistics, moves t2 to t0's other rank and
     trains on in the same processes; it stops at step 4 and a second launch resumes under
-    the new plan to step 6. Its losses, and every weight and optimizer state of its last
-    checkpoint, are bitwise those of a run whose loop never re-shards (imbalance trigger
-    above any 2-rank max/mean)."""
+    the new plan (and with the statistics of the checkpoint) to step 6. Its losses, every
+    weight and optimizer state of its last checkpoint and its statistics are bitwise those
+    of a run whose loop never re-shards (imbalance trigger above any 2-rank max/mean)."""
     import torch
 
     base = run_app(tmp_path, *LOOP, "steps=6", "sharding.repartition_imbalance=50",
-                   f"checkpoint.dir={tmp_path / 'base'}", f"logging.metrics_file={tmp_path / 'base.jsonl'}")  # fmt: skip
+                   f"checkpoint.dir={tmp_path / 'base'}", f"logging.metrics_file={tmp_path / 'base.jsonl'}",
+                   f"sharding.statistics_out={tmp_path / 'base_stats.json'}")  # fmt: skip
     assert metrics(base)["reshard_steps"] == []
     (kept,) = _records(tmp_path / "base.jsonl", "repartition")
     assert kept["outcome"] == "balanced_enough" and kept["step"] == 3
@@ -142,14 +148,28 @@ def test_reshard_in_mid_run_then_resume_changes_no_result(tmp_path):
 
     resumed = run_app(tmp_path, *LOOP, "steps=6", "sharding.repartition_imbalance=1.0",
                       "sharding.repartition_min_gain=-1.0", f"checkpoint.dir={tmp_path / 'moved'}",
-                      f"logging.metrics_file={tmp_path / 'resumed.jsonl'}")  # fmt: skip
+                      f"logging.metrics_file={tmp_path / 'resumed.jsonl'}",
+                      f"sharding.statistics_out={tmp_path / 'resumed_stats.json'}")  # fmt: skip
     assert metrics(resumed)["steps"] == 6
     assert f"resumed from {tmp_path / 'moved' / 'step_4'} at step 4 under the plan of" in resumed.stdout
+    ran_under = json.loads((tmp_path / "resumed_stats.plan.json").read_text())["shards"]
+    assert {s["table"]: f"table_wise@[{s['rank']}]" for s in ran_under} == record["new_plan"]
+    # The statistics came through the re-shard and the resume: those of 6 uninterrupted
+    # steps. The heavy rows are a Misra-Gries sketch per rank, merged; after a resume rank 0
+    # holds the totals and the others start from zero, so which counts the sketch keeps may
+    # differ -- the lookups it and the row buckets account for may not.
+    got, expected = (json.loads((tmp_path / f"{n}_stats.json").read_text()) for n in ("resumed", "base"))
+    sketched = ("heavy_rows", "row_buckets")
+    assert {k: v for k, v in got.items() if k != "tables"} == {k: v for k, v in expected.items() if k != "tables"}
+    for a, b in zip(got["tables"], expected["tables"], strict=True):
+        assert {k: v for k, v in a.items() if k not in sketched} == {k: v for k, v in b.items() if k not in sketched}
+        total = [sum(c for _, c in t["heavy_rows"]) + sum(t["row_buckets"]) for t in (a, b)]
+        assert total[0] == pytest.approx(total[1], rel=1e-12), a["name"]
 
     losses = [r["loss"] for r in _records(tmp_path / "moved.jsonl", "step") + _records(tmp_path / "resumed.jsonl", "step")]
     assert losses == [r["loss"] for r in _records(tmp_path / "base.jsonl", "step")]
-    expected = _checkpoint_tensors(tmp_path / "base" / "step_6", tmp_path / "base.pt")
-    got = _checkpoint_tensors(tmp_path / "moved" / "step_6", tmp_path / "moved.pt")
+    expected = _trained_state(_checkpoint_tensors(tmp_path / "base" / "step_6", tmp_path / "base.pt"))
+    got = _trained_state(_checkpoint_tensors(tmp_path / "moved" / "step_6", tmp_path / "moved.pt"))
     assert sorted(got) == sorted(expected) and any("momentum1" in k for k in got)
     for key, value in expected.items():
         assert torch.equal(got[key], value), key

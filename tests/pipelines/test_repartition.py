@@ -173,3 +173,25 @@ def test_reshard_in_mid_run_then_resume_changes_no_result(tmp_path):
     assert sorted(got) == sorted(expected) and any("momentum1" in k for k in got)
     for key, value in expected.items():
         assert torch.equal(got[key], value), key
+
+
+def test_a_resume_takes_the_plan_of_the_last_reshard_before_its_checkpoint(tmp_path):
+    """A re-shard's own checkpoint is written under the old plan: the plan of step N holds
+    for checkpoints after N. The JSON round trip keeps every shard's place."""
+    from torchrec.distributed.types import ShardingPlan
+
+    from pipelines.repartition import plan_of_checkpoint, plan_summary, record_plan
+    from tbe_plugin.torchrec.cost import shards_of_plan
+    from tests.torchrec.partition_workers import fixed_plan
+
+    plans = {3: fixed_plan({"t0": "cw01", "t1": "tw0", "t2": "tw1", "t3": "rw"}),
+             7: fixed_plan({"t0": "cw10", "t1": "tw1", "t2": "tw0", "t3": "rw"})}  # fmt: skip
+    for step, plan in plans.items():
+        record_plan(str(tmp_path), step, ShardingPlan({"ebc": plan}))
+    assert plan_of_checkpoint(str(tmp_path), 3) == (None, None)
+    assert plan_of_checkpoint(str(tmp_path / "elsewhere"), 9) == (None, None)
+    for checkpoint_step, planned_at in ((4, 3), (7, 3), (8, 7)):
+        path, plan = plan_of_checkpoint(str(tmp_path), checkpoint_step)
+        assert path.endswith(f"step_{planned_at}.json")
+        assert shards_of_plan(plan) == shards_of_plan(ShardingPlan({"ebc": plans[planned_at]}))
+        assert plan_summary(plan) == plan_summary(ShardingPlan({"ebc": plans[planned_at]}))

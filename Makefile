@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Two workers (CI has 2 cores), a test file per worker at a time: module fixtures stay shared.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
@@ -43,9 +44,10 @@ test-fast: $(STAMP)
 train: $(STAMP)
 	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.train backend=triton checkpoint=periodic $(ARGS)
 
-# The A/B report (backend=fbgemm vs backend=triton, same seed) on the tiny default: ab-report/report.md.
+# The A/B report (backend=fbgemm vs backend=triton, each twice, interleaved) on the tiny default,
+# one process per run (Triton's interpreter is slow): ab-report/report.md.
 ab: $(STAMP)
-	$(PY) scripts/ab.py --out ab-report -- steps=60 eval_every_steps=20 $(ARGS)
+	$(PY) scripts/ab.py --out ab-report --nproc 1 -- steps=30 eval_every_steps=10 $(ARGS)
 
 bench: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m tbe_plugin.benchmarks.forward --smoke --out bench-out

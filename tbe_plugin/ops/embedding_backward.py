@@ -168,6 +168,20 @@ INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 _MULTIPROCESSORS: dict = {}
 
 
+def _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align):
+    """What every update kernel takes beside its sums: the step count, both momenta (the
+    weights stand in for state an optimizer lacks: never read), the hyperparameters and
+    the constexpr modes."""
+    if step is None:
+        step = sorted_rows  # never read: only Adam and LAMB take a step count
+    m1 = momentum1 if momentum1 is not None else weights
+    m2 = momentum2 if momentum2 is not None else weights
+    hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
+    modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
+                 STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
+    return step, m1, m2, hyper, modes
+
+
 def _multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (4 for the CPU's interpreter)."""
     key = str(device)
@@ -341,13 +355,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     segment_sums, group_sums, supergroup_sums = (
         torch.empty(n * stride, dtype=torch.float32, device=device) for n in slots
     )
-    if step is None:
-        step = sorted_rows  # never read: only Adam and LAMB take a step count
-    m1 = momentum1 if momentum1 is not None else weights
-    m2 = momentum2 if momentum2 is not None else weights
-    hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
-    modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
-                 STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
+    step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
     sms = _multiprocessors(device)
     mode = 2 - CHUNK_MODES.index(launch.chunk_mode_for(len(per_class)))  # the kernel's MODE: 2 list, 1 loop, 0 grid
     chunk_list, list_pos = _listed_chunks(sorted_rows, class_pos, per_class) if mode == 2 else (long_runs, class_pos)
@@ -419,13 +427,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
     levels = [triton.cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
     group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
-    if step is None:
-        step = sorted_rows  # never read: only Adam and LAMB take a step count
-    m1 = momentum1 if momentum1 is not None else weights
-    m2 = momentum2 if momentum2 is not None else weights
-    hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
-    modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
-                 STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
+    step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
     sms = _multiprocessors(device)
     _, sorted_w_start, sorted_dim, _, _ = sorted_operands
     for klass, sizes in enumerate(per_class):

@@ -157,6 +157,8 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(cfg.data.seed)  # the same dense weights for every run
     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
+    if cfg.backend == "triton" and args.backward_launch:
+        set_backward_launch(dmp, args.backward_launch)
     resident = torch.cuda.memory_allocated(device) if on_cuda else None
     runner = make_pipeline(pipeline, dmp, optimizer, device)
     run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
@@ -170,6 +172,22 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
         run["profile"]["device_time"] = on_cuda
     del runner, dmp, optimizer
     return run
+
+
+def set_backward_launch(model: torch.nn.Module, name: str) -> int:
+    """Puts the named candidate launch (``tbe_plugin.benchmarks.profile_backward.CANDIDATES``)
+    on every Triton TBE module inside ``model``; returns how many took it (0 raises)."""
+    from tbe_plugin import TritonTableBatchedEmbeddingBags
+    from tbe_plugin.benchmarks.profile_backward import CANDIDATES
+
+    if name not in CANDIDATES:
+        raise ValueError(f"--backward-launch {name!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
+    modules = [m for m in model.modules() if isinstance(m, TritonTableBatchedEmbeddingBags)]
+    if not modules:
+        raise ValueError(f"--backward-launch {name!r}: the model holds no TritonTableBatchedEmbeddingBags")
+    for module in modules:
+        module.backward_launch = CANDIDATES[name]()
+    return len(modules)
 
 
 def summarize(results: Dict[str, Any]) -> None:
@@ -213,7 +231,8 @@ def report(results: Dict[str, Any]) -> str:
         f"top MLP {s['over']}, B={s['batch_size']} per rank, world size {s['world_size']}, fused rowwise "
         f"Adagrad (fp32) + dense Adagrad, tables {s['sharding'] or 'as planned'}. {s['distinct_batches']} "
         f"distinct batches cycled; {s['warmup']} warm-up steps, then {s['steps']} steps in {s['windows']} "
-        "windows synchronized at both ends (ms = their mean; median and p10-p90 of single steps).", "",
+        "windows synchronized at both ends (ms = their mean; median and p10-p90 of single steps). Triton's "
+        f"backward launch: {s.get('backward_launch', 'default')}.", "",
     ]  # fmt: skip
     lines += _timing_lines(results) + _loss_lines(results) + _profile_lines(results)
     return "\n".join(lines) + "\n"
@@ -302,7 +321,8 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
                      "skew": skew_stats(workload, features.values(), features.offsets()),
                      "batch_size": args.batch_size, "world_size": world_size, "dense": args.dense, "over": args.over,
                      "sharding": args.sharding, "steps": args.steps, "warmup": args.warmup, "windows": args.windows,
-                     "distinct_batches": args.distinct_batches},
+                     "distinct_batches": args.distinct_batches,
+                     "backward_launch": args.backward_launch or "default"},
         "runs": {},
     }  # fmt: skip
     try:
@@ -351,6 +371,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--distinct-batches", type=int, default=8)
     parser.add_argument("--profile-steps", type=int, default=5, help=f"profiled steps under {PROFILED_PIPELINE}")
     parser.add_argument("--top-kernels", type=int, default=15)
+    parser.add_argument("--backward-launch", default="",
+                        help="triton: a candidate launch of profile_backward (e.g. pieces); '': the default")
     if "--smoke" in argv:  # its defaults; options given still win
         parser.set_defaults(batch_size=64, dim=16, dense=[16, 16], over=[16, 1], steps=2, windows=1, warmup=1,
                             distinct_batches=2, profile_steps=1)  # fmt: skip

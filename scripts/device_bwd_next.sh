@@ -41,6 +41,8 @@ timeout 230 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --con
 echo "=== suite $(date +%T)"
 BEST=$(python3 -m tbe_plugin.benchmarks.profile_backward --best-of "$OUT/profile_backward.json" 2>>"$OUT/profile.log")
 echo "best candidate: ${BEST:-none (see profile.log)}" | tee -a "$OUT/profile.log"
+# For a next call on the same warm machine (scripts/device_e2e_best.sh): $OUT is emptied, /tmp stays.
+echo "${BEST:-default}" > /tmp/tbe_best_candidate
 if [ -n "$BEST" ]; then
   timeout 140 python3 -m tbe_plugin.benchmarks.profile_backward --suite-with "$BEST" -- --out "$OUT" --iters 5 \
     --warmup 2 --batches 2 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/suite.log" | tail -40

@@ -326,9 +326,10 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
         "runs": {},
     }  # fmt: skip
     try:
-        for backend in args.backends.split(","):
-            cfg = dlrm_config(tables, args.dense, args.over, backend, args.batch_size, args.sharding)
-            for pipeline in args.pipelines.split(","):
+        # Both backends of a pipeline back to back: a run cut short keeps whole comparisons.
+        for pipeline in args.pipelines.split(","):
+            for backend in args.backends.split(","):
+                cfg = dlrm_config(tables, args.dense, args.over, backend, args.batch_size, args.sharding)
                 key = f"{backend}/{pipeline}"
                 if device.type != "cuda" and pipeline in CUDA_ONLY:
                     results.setdefault("skipped", {})[key] = CUDA_ONLY[pipeline]

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call (<= 8 minutes) that measures the backward's `pieces` design (RunsLaunch
-# design="pieces", ops/backward_pieces.py) against FBGEMM and against HEAD's default
-# (design "chunks") on the production-shaped configs. Results under $OUT (8 files at most
-# come back): device.txt, gpu_bwd_tests.log, profile_backward.json, profile.log,
-# backward.json, backward.md, suite_launch.json, suite.log.
+# One device call (<= 8 minutes) that measures backward launch candidates (profile_backward's
+# CANDIDATES: HEAD's default is the pieces design, ops/backward_pieces.py) against FBGEMM on
+# the production-shaped configs, then the whole backward suite under the best of them.
+# Results under $OUT (8 files at most come back): device.txt, gpu_bwd_tests.log,
+# profile_backward.json, profile.log, backward.json, backward.md, suite_launch.json, suite.log;
+# the best candidate's name also in /tmp/tbe_best_candidate for scripts/device_e2e_best.sh.
 #
 # The machine needs the GPU stack first (../shared/device/README.md): a call with carry
 # [".gpu-stack/part-a", ".gpu-stack/install.sh"] running `bash .gpu-stack/install.sh a`, then
@@ -11,13 +12,11 @@
 # flag from this checkout, written in literally: the device's copy has no .git):
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_bwd_next.sh
 #
-# Steps and their limits (seconds), 470 in all: GPU tests of the backward 100;
-# profile_backward on seven configs, most telling first (the JSON is rewritten after each,
-# so a cut run keeps what it measured; each candidate's kernels are profiled too) 230; the
-# whole backward suite (5 timed rounds) under the profile's best candidate 140. Candidates: HEAD's default, the pieces design with
-# cells of 64 and 256 ids and with a program per RUNS pieces, and the chunk design with
-# 4-warp loop kernels (the D=512 regression). pieces_p32 is left out: at 53-72 registers
-# no more than ~16 two-warp programs fit a multiprocessor anyway.
+# Steps and their limits (seconds), 470 in all: GPU tests of the backward 100 (TESTS=0 skips
+# them); profile_backward on seven configs, most telling first (the JSON is rewritten after
+# each, so a cut run keeps what it measured; each candidate's kernels are profiled too) 230;
+# the whole backward suite (5 timed rounds) under the profile's best candidate 140.
+# CANDIDATES and CONFIGS (comma-separated) override the defaults below.
 set -uo pipefail
 export PYTHONPATH=/tmp/gpu-site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-bench-out}
@@ -29,11 +28,11 @@ export TBE_PLUGIN_COMMIT TBE_PLUGIN_DIRTY=${TBE_PLUGIN_DIRTY:-}
   echo "commit $TBE_PLUGIN_COMMIT dirty ${TBE_PLUGIN_DIRTY:-unknown}"; } | tee "$OUT/device.txt"
 
 echo "=== gpu tests $(date +%T)"
-timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_embedding_backward.py \
+[ "${TESTS:-1}" = 0 ] || timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_embedding_backward.py \
   tests/test_fbgemm_parity.py 2>&1 | tee "$OUT/gpu_bwd_tests.log" | tail -15
 
 echo "=== profile $(date +%T)"
-CANDIDATES=${CANDIDATES:-default,pieces,pieces256,pieces_grid,auto_loop_warps4}
+CANDIDATES=${CANDIDATES:-default,pieces_prefetch,pieces_prefetch8,auto}
 CONFIGS=${CONFIGS:-ctr-mix,wide-d512-fp16,long-bags,zipf1.15,b8192,user-id,fbgemm-standard}
 timeout 230 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
   --candidates "$CANDIDATES" --iters 5 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/profile.log" | tail -40

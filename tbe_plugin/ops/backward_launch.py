@@ -1,7 +1,8 @@
 """Launch sizes of the backward's per-run kernels, and the classes of tables they run on.
 
-Two designs share the policy (``RunsLaunch.design``): ``chunks`` (``backward_runs``, the
-default) and ``pieces`` (``backward_pieces``); each reads its own fields.
+Two designs share the policy (``RunsLaunch.design``): ``pieces`` (``backward_pieces``, the
+default since the H200 measured it at e45a0a4) and ``chunks`` (``backward_runs``); each
+reads its own fields.
 
 ``RunsLaunch`` is the policy (``runs_launch()`` the default; tests and profilers pass
 another through the module's ``backward_launch``); ``RunsLaunch.for_block_d`` turns it
@@ -101,13 +102,15 @@ class RunsLaunch:
     """Programs per multiprocessor of the segment, group and long-run kernels (they loop)."""
     batch: int = 32
     """Segments (groups) the segment (group) kernel looks at with one load each."""
-    design: str = "chunks"
-    """Which kernels sum the runs: ``chunks`` (``backward_runs``: chunk programs own the runs
-    that start in them, longer runs by segments, groups and a program per long run; the
-    design measured at 3b471d8) or ``pieces`` (``backward_pieces``: every run cut at
+    design: str = "pieces"
+    """Which kernels sum the runs: ``pieces`` (``backward_pieces``: every run cut at
     multiples of ``piece_ids`` into pieces, a piece a lane of a small program, partials of
-    runs that cross a multiple summed by a fixed tree; untimed on the GPU, not yet the
-    default)."""
+    runs that cross a multiple summed by a fixed tree) or ``chunks`` (``backward_runs``:
+    chunk programs own the runs that start in them, longer runs by segments, groups and a
+    program per long run; the default until e45a0a4). H200 at e45a0a4, backward ms, pieces
+    / chunks / FBGEMM: ctr-mix 7.90 / 15.33 / 6.57 (1.53 of the 7.90 a scan since removed),
+    long-bags 7.25 / 13.90 / 4.38, zipf1.15 3.21 / 5.04 / 2.25, user-id 1.33 / 1.52 / 0.85;
+    uniform b8192 4.75 / 4.48 / 3.50 (the chunk design's one-program-per-chunk grid: 3.19)."""
     piece_ids: int = 64
     """``pieces``: ids per cell of the grid that cuts runs (a run within one cell is summed
     and updated by one lane; memory: 8 * max BLOCK_D / piece_ids bytes per id)."""
@@ -124,6 +127,11 @@ class RunsLaunch:
     sums of 8 partials a load exceed 512 elements a warp, up to max_loop_warps)."""
     piece_unroll: int = 4
     """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
+    piece_prefetch: bool = False
+    """``pieces``: each round loads the next round's operands while its own gathers are in
+    flight (the same sums in the same order). Costs registers (ptxas, sm_90, rowwise
+    Adagrad: 96 at tile 128 against 56, 122 at tiles 32 and 64, 64 at 256 and 512); not at
+    tile 16, where Triton 3.6's layout pass fails on it."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the
@@ -173,10 +181,10 @@ class RunsLaunch:
 
 
 def runs_launch() -> RunsLaunch:
-    """The default launch sizes. Not yet timed on the H200 in this form; measured there
-    before it (commit d003ee9): 16-warp programs of 32 ids took 2x the time of 4-warp
-    programs of 16 ids (cross-warp scans and barriers hold every warp for the slowest
-    load), so chunk programs are small."""
+    """The default launch sizes: the pieces design (``RunsLaunch.design``). For the chunk
+    design, measured on the H200 (commit d003ee9): 16-warp programs of 32 ids took 2x the
+    time of 4-warp programs of 16 ids (cross-warp scans and barriers hold every warp for
+    the slowest load), so chunk programs are small."""
     return RunsLaunch()
 
 

@@ -21,10 +21,11 @@ No dense gradient is ever materialized. The backward of one batch:
    Memory beyond the sorted operands: one fp32 row (of the widest tile) per segment,
    and 1/FAN_IN of that per level above (8 bytes per id at D=128).
 
-Steps 4 to 6 are in ``tbe_plugin.ops.backward_runs``, their sizes in ``backward_launch``.
-``RunsLaunch.design == "pieces"`` replaces them with ``tbe_plugin.ops.backward_pieces``
-(runs cut into pieces at multiples of ``piece_ids``, a piece a lane, partials of longer
-runs by a fixed tree; ``_launch_pieces``). The optimizer update itself
+Steps 4 to 6 are the chunk design (``RunsLaunch.design == "chunks"``), in
+``tbe_plugin.ops.backward_runs``, their sizes in ``backward_launch``. The default design,
+``pieces``, replaces them with ``tbe_plugin.ops.backward_pieces`` (runs cut into pieces at
+multiples of ``piece_ids``, a piece a lane, partials of longer runs by a fixed tree;
+``_launch_pieces``). The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
 aggregated gradient, as FBGEMM's exact optimizers do.
 
@@ -409,7 +410,10 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
     cells = N // piece + 1
     blocks = triton.cdiv(N + 1, MARKS_BLOCK)
-    counts = torch.empty((blocks, 2), dtype=torch.int32, device=device)
+    # Pieces per block, then multi runs per block: one vector, so that its running totals
+    # are one 1-D scan (CUB's; a scan over the blocks of a [blocks, 2] tensor took 1.5 ms
+    # on the H200 at ctr-mix's 22k blocks, e45a0a4).
+    counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
     # Pieces: at most a head per id, a grid point per cell, and the end; the entries past
     # the count stay above every position, so that searchsorted finds the classes' pieces.
     unset = torch.iinfo(torch.int64).max
@@ -439,7 +443,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
             stride, N, step, *hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, num_warps=sizes.piece_warps, **modes,
+            BARRIER=sizes.piece_warps > 1, PREFETCH=launch.piece_prefetch and sizes.block_d > 16, num_warps=sizes.piece_warps, **modes,
         )  # fmt: skip
         if N <= piece:
             continue  # no run crosses a grid point

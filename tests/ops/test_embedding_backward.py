@@ -122,7 +122,7 @@ def test_int64_row_keys(monkeypatch):
 
 def small_launch(chunk_elements, segment_ids, fan_in, mode="list", halo=False):
     """Tiny chunks, segments and fan-ins, so that a few hundred ids cross every level."""
-    return RunsLaunch(chunk_elements=chunk_elements, chunk_halo=halo, chunk_warps=1, chunk_mode=mode,
+    return RunsLaunch(design="chunks", chunk_elements=chunk_elements, chunk_halo=halo, chunk_warps=1, chunk_mode=mode,
                       chunk_programs_per_sm=2, segment_ids=segment_ids, step_elements=64, fan_in=fan_in,
                       loop_warps=1, loop_programs_per_sm=1, batch=4)  # fmt: skip
 
@@ -209,7 +209,8 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
     assert [RunsLaunch(chunk_mode="auto").chunk_mode_for(n) for n in (1, 2, 5)] == ["grid", "list", "list"]
     assert RunsLaunch().chunk_mode_for(1) == "list"
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)  # tiles 16 and 32: two classes
-    emb.backward_launch = RunsLaunch(chunk_mode="auto", segment_ids=4, fan_in=2, loop_programs_per_sm=1, batch=4)
+    emb.backward_launch = RunsLaunch(design="chunks", chunk_mode="auto", segment_ids=4, fan_in=2,
+                                     loop_programs_per_sm=1, batch=4)  # fmt: skip
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=8, max_len=6, hot=0.6, lr=0.05)
 
 
@@ -493,10 +494,10 @@ def dyadic(shape, seed, scale=8):
 
 
 def step_both_designs(optimizer, dtype=torch.float32, specs=SPECS, ftm=FEATURE_TABLE_MAP, B=6, hot=0.7, seed=0):
-    """One step of the chunk design (HEAD's default) and of the pieces design from the same
-    weights, on the same batch with dyadic gradients and per-sample weights; both modules."""
+    """One step of the chunk design and of the pieces design from the same weights, on the
+    same batch with dyadic gradients and per-sample weights; both modules."""
     modules = []
-    for launch in (None, PIECES):
+    for launch in (RunsLaunch(design="chunks"), PIECES):
         emb = build(optimizer, dtype=dtype, specs=specs, ftm=ftm, learning_rate=0.05)
         emb.backward_launch = launch
         rows = [emb.table_rows[t] for t in emb.feature_table_map]
@@ -533,13 +534,15 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-def test_pieces_deterministic_with_inexact_sums():
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch-second"])
+def test_pieces_deterministic_with_inexact_sums(prefetch):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
-    bit (every sum in a fixed order)."""
+    bit (every sum in a fixed order); so do a run without and one with the next round's
+    operands prefetched (``piece_prefetch``: the same sums in the same order)."""
     results = []
-    for _ in range(2):
+    for launch in (PIECES, dataclasses.replace(PIECES, piece_prefetch=prefetch)):
         emb = build("PARTIAL_ROWWISE_ADAM", learning_rate=0.05)
-        emb.backward_launch = PIECES
+        emb.backward_launch = launch
         rows = [emb.table_rows[t] for t in emb.feature_table_map]
         indices, offsets = make_bags(rows, B=6, max_len=10, seed=3, hot_fraction=0.8)
         out = emb(indices, offsets)
@@ -563,21 +566,34 @@ def test_pieces_empty_batch_and_empty_bags():
 def test_piece_marks_list_pieces_and_multi_runs():
     """Cells of 4 ids: a piece starts at every run's first id and at every multiple of 4
     inside a run, and at the end of the valid ids (sentinels after it); a multi run is
-    one whose row is still there at the next multiple of 4."""
+    one whose row is still there at the next multiple of 4. Two blocks of 16 positions:
+    the counts are one vector (pieces per block, then multi runs per block) whose 1-D
+    running totals place the second block's marks after the first's."""
     from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
 
     sentinel = torch.iinfo(torch.int32).max
     rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],
                         dtype=torch.int32)  # fmt: skip
     class_pos = torch.tensor([0, 12, 21])
-    counts = torch.empty((1, 2), dtype=torch.int32)
+    counts = torch.empty(4, dtype=torch.int32)
     starts = torch.full((32,), -1, dtype=torch.int64)
     multi = torch.full((8,), -1, dtype=torch.int64)
-    _piece_marks_kernel[(1,)](rows, class_pos, 2, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=32)
-    assert counts.tolist() == [[11, 2]]
-    _piece_marks_kernel[(1,)](rows, class_pos, 2, counts.cumsum(0, dtype=torch.int32), starts, multi, WRITE=True, PIECE=4, BLOCK=32)
+    _piece_marks_kernel[(2,)](rows, class_pos, 2, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=16)
+    assert counts.tolist() == [6, 5, 2, 0]  # pieces in blocks 0, 1; multi runs in blocks 0, 1
+    _piece_marks_kernel[(2,)](rows, class_pos, 2, counts.cumsum(0, dtype=torch.int32), starts, multi, WRITE=True, PIECE=4, BLOCK=16)
     assert starts[:12].tolist() == [0, 4, 8, 9, 10, 12, 16, 17, 18, 20, 21, -1]
     assert multi[:3].tolist() == [0, 12, -1]  # row 0 crosses 4 and 8, row 5 crosses 16; row 2 ends at 12
+    # A multi run in the second block lands after the first block's.
+    rows2 = torch.tensor([3] * 2 + [4] * 14 + [6] * 6 + [sentinel], dtype=torch.int32)
+    counts = torch.empty(4, dtype=torch.int32)
+    starts.fill_(-1)
+    multi.fill_(-1)
+    _piece_marks_kernel[(2,)](rows2, torch.tensor([0, 22]), 1, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=16)
+    assert counts.tolist() == [5, 3, 1, 1]  # row 4 starts at 2 and crosses 4; row 6 starts at 16 and crosses 20
+    _piece_marks_kernel[(2,)](rows2, torch.tensor([0, 22]), 1, counts.cumsum(0, dtype=torch.int32), starts, multi,
+                              WRITE=True, PIECE=4, BLOCK=16)  # fmt: skip
+    assert starts[:9].tolist() == [0, 2, 4, 8, 12, 16, 20, 22, -1]
+    assert multi[:3].tolist() == [2, 16, -1]
 
 
 @pytest.mark.gpu

@@ -58,8 +58,6 @@ CANDIDATES = {
     "pieces_p32": _launch(design="pieces", piece_programs_per_sm=32),
     "pieces_grid": _launch(design="pieces", piece_programs_per_sm=0),
     "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
-    "pieces_prefetch": _launch(design="pieces", piece_prefetch=True),
-    "pieces_prefetch8": _launch(design="pieces", piece_prefetch=True, piece_programs_per_sm=8),
 }
 
 

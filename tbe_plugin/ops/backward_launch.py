@@ -127,11 +127,6 @@ class RunsLaunch:
     sums of 8 partials a load exceed 512 elements a warp, up to max_loop_warps)."""
     piece_unroll: int = 4
     """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
-    piece_prefetch: bool = False
-    """``pieces``: each round loads the next round's operands while its own gathers are in
-    flight (the same sums in the same order). Costs registers (ptxas, sm_90, rowwise
-    Adagrad: 96 at tile 128 against 56, 122 at tiles 32 and 64, 64 at 256 and 512); not at
-    tile 16, where Triton 3.6's layout pass fails on it."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

@@ -443,7 +443,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
             stride, N, step, *hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, PREFETCH=launch.piece_prefetch and sizes.block_d > 16, num_warps=sizes.piece_warps, **modes,
+            BARRIER=sizes.piece_warps > 1, num_warps=sizes.piece_warps, **modes,
         )  # fmt: skip
         if N <= piece:
             continue  # no run crosses a grid point

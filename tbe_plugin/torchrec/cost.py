@@ -135,8 +135,8 @@ class KernelSpeed:
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)
 
 
-KERNEL_BENCHMARK = "backward_h200_3b471d8.json"
-"""The backward suite measured on an H200 at 3b471d8, the kernels of HEAD (results/NOTES_2026-12-01.md)."""
+KERNEL_BENCHMARK = "backward_h200_d488ab2.json"
+"""The backward suite measured on an H200 at d488ab2, the kernels of HEAD (results/NOTES_2026-12-02.md)."""
 
 
 def default_kernel_benchmark() -> str:

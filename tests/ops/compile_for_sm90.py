@@ -188,7 +188,7 @@ def pieces_variants():
                                   PIECE=launch.piece_ids)  # fmt: skip
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-                                      BARRIER=sizes.piece_warps > 1, PREFETCH=False)  # fmt: skip
+                                      BARRIER=sizes.piece_warps > 1)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
@@ -197,15 +197,9 @@ def pieces_variants():
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK), 4, \
             "*fp32", keys  # fmt: skip
     sizes = launch.for_block_d(128)
-    # The prefetching candidate (RunsLaunch.piece_prefetch), production update at tile 128.
-    yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=True, BLOCK_D=128, ALIGN=4,
-                                      PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
-                                      UNROLL=launch.piece_unroll, BARRIER=True, PREFETCH=True), sizes.piece_warps, \
-        "*fp16", "*i32"  # fmt: skip
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
-                                      UNROLL=launch.piece_unroll, BARRIER=True, PREFETCH=False), sizes.piece_warps, \
-        "*fp32", "*i64"  # fmt: skip
+                                      UNROLL=launch.piece_unroll, BARRIER=True), sizes.piece_warps, "*fp32", "*i64"
 
 
 def main():

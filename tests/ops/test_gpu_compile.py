@@ -51,13 +51,9 @@ def test_backward_kernels_do_not_spill_registers(compiled):
 
 def test_pieces_kernel_stays_in_registers(compiled):
     """The pieces kernel (every distinct row's sum and update in the pieces design) holds
-    4 gradient elements a thread per gather: at most 96 registers at every tile (10 two-warp
-    programs a multiprocessor; ptxas, sm_90: 50-71 when measured); its prefetching variant
-    (RunsLaunch.piece_prefetch) at most 128, so that 8 fit (111 at tile 128 with fp16
-    weights and stochastic rounding)."""
-    pieces = [r for r in compiled if r["kernel"] == "_pieces_kernel"]
-    assert any(r["constexprs"].get("PREFETCH") for r in pieces) and any(not r["constexprs"]["PREFETCH"] for r in pieces)
-    heavy = [r for r in pieces if r.get("registers", 0) > (128 if r["constexprs"]["PREFETCH"] else 96)]
+    4 gradient elements a thread per gather: at most 96 registers at every tile (ptxas,
+    sm_90: 47-72 when measured; 16 two-warp programs a multiprocessor need 64 or fewer)."""
+    heavy = [r for r in compiled if r["kernel"] == "_pieces_kernel" and r.get("registers", 0) > 96]
     assert not heavy, json.dumps(heavy, indent=1)[:4000]
 
 

@@ -2,13 +2,15 @@
 
 No dense gradient is ever materialized. The backward of one batch:
 
-1. ``_positions_kernel``: for every id, its global row (rows of all tables stacked, with
-   the forward's bounds repair), its feature, where its output-gradient row starts and
-   its factor (per-sample weight, 1/L for MEAN). Ids outside every bag get a sentinel row.
+1. ``_positions_kernel``: for every id (a program per 1024 consecutive positions, its bag
+   found by a binary search of the offsets), its global row (rows of all tables stacked,
+   with the forward's bounds repair), its bag and its factor (per-sample weight, 1/L for
+   MEAN). Ids outside every bag get a sentinel row.
 2. ``torch.sort`` (stable) of the global rows, as int32 when all tables together have
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
-   then lays the ids' operands out in sorted order, with each row's start in the weights.
+   then lays the ids' operands out in sorted order: each row's start in the weights, its D,
+   the output-gradient row its bag reads, the factor.
 3. ``torch.searchsorted``: where each class of tables (rows of one power-of-two tile,
    numbered one class after another by the module) begins among the sorted ids.
 4. ``_chunk_kernel``, per class: chunks of CHUNK sorted ids, each with a halo of CHUNK
@@ -63,68 +65,77 @@ from tbe_plugin.ops.optimizers import OptimizerArgs
 
 @triton.jit
 def _positions_kernel(
-    feature_meta_ptr, indices_ptr, offsets_ptr, psw_ptr, rows_out_ptr, feature_out_ptr,
-    grad_offset_out_ptr, scale_out_ptr, bag_out_ptr, scratch_ptr,
-    B, total_bags, num_indices, grad_stride,
-    UNPOOLED: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr,
-    WRITE_BAGS: tl.constexpr, BAGS: tl.constexpr, BLOCK_L: tl.constexpr,
+    feature_meta_ptr, indices_ptr, offsets_ptr, psw_ptr, rows_out_ptr, bag_out_ptr, scale_out_ptr,
+    B, total_bags, num_indices, search_steps, sentinel,
+    MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per id, bag by bag (the forward's tiling): its global row (the sort key, with the
-    forward's bounds repair), its feature, where its output-gradient row starts, and the
-    factor on that row (per-sample weight, 1/L for MEAN)."""
-    feature = tl.program_id(1).to(tl.int64)
+    """Per id, BLOCK consecutive positions a program (every load and store contiguous,
+    whatever the bags' lengths): its bag (the last bag starting at or before it, by a
+    binary search of the offsets, ``search_steps`` rounds on cached lines), then its global
+    row (the sort key; with CHECK an id outside its table reads as row 0, the forward's
+    repair), the bag (feature * B + b: what the output-gradient row and the table follow
+    from), and the factor on that row (per-sample weight, 1/L for MEAN). A position in no
+    bag (before the first offset or at or after the last) gets the sentinel row."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = p < num_indices
+    # upper_bound(offsets[0 .. total_bags], p) - 1, for every position at once.
+    lo = tl.zeros([BLOCK], dtype=tl.int64)
+    hi = tl.zeros([BLOCK], dtype=tl.int64) + total_bags + 1
+    for _ in range(search_steps):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        at_or_before = tl.load(offsets_ptr + mid, mask=inside & active, other=0).to(tl.int64) <= p
+        lo = tl.where(active & at_or_before, mid + 1, lo)
+        hi = tl.where(active & ~at_or_before, mid, hi)
+    bag = lo - 1
+    valid = inside & (bag >= 0) & (bag < total_bags)
+    bag = tl.where(valid, bag, 0)
+    feature = bag // B
     meta = feature_meta_ptr + feature * _META_COLS
-    rows = tl.load(meta + _META_ROWS)
-    row_base = tl.load(meta + _META_ROW_BASE)
-    out_offset = tl.load(meta + _META_OUT_OFFSET)
-    b = tl.program_id(0) * BAGS + tl.arange(0, BAGS)
-    b_mask = b < B
-    bag = feature * B + b
-    start, end = _checked_bag_bounds(offsets_ptr, bag, b_mask, num_indices, total_bags, scratch_ptr, CHECK)
-    length = end - start
-    inv_len = tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))
-    for l0 in range(0, tl.max(length, axis=0), BLOCK_L):
-        l = l0 + tl.arange(0, BLOCK_L)
-        mask = l[:, None] < length[None, :]
-        pos = start[None, :] + l[:, None]
-        ids = _checked_ids(indices_ptr, pos, mask, rows, scratch_ptr, CHECK)
-        tl.store(rows_out_ptr + pos, row_base + ids, mask=mask)
-        tl.store(feature_out_ptr + pos, feature.to(tl.int32) + tl.zeros_like(pos).to(tl.int32), mask=mask)
-        if UNPOOLED:
-            grad_offset = pos * grad_stride
-        else:
-            grad_offset = b[None, :].to(tl.int64) * grad_stride + out_offset + 0 * pos
-        tl.store(grad_offset_out_ptr + pos, grad_offset, mask=mask)
-        if WEIGHTED or MEAN:
-            scale = tl.full(pos.shape, 1.0, tl.float32)
-            if WEIGHTED:
-                scale *= tl.load(psw_ptr + pos, mask=mask, other=0.0).to(tl.float32)
-            if MEAN:
-                scale *= inv_len[None, :]
-            tl.store(scale_out_ptr + pos, scale, mask=mask)
-        if WRITE_BAGS:
-            tl.store(bag_out_ptr + pos, bag[None, :] + tl.zeros_like(pos), mask=mask)
+    rows = tl.load(meta + _META_ROWS, mask=valid, other=1)
+    ids = tl.load(indices_ptr + p, mask=valid, other=0).to(tl.int64)
+    if CHECK:
+        ids = tl.where((ids < 0) | (ids >= rows), 0, ids)
+    row = tl.load(meta + _META_ROW_BASE, mask=valid, other=0) + ids
+    tl.store(rows_out_ptr + p, tl.where(valid, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
+    tl.store(bag_out_ptr + p, bag.to(bag_out_ptr.dtype.element_ty), mask=valid)
+    if WEIGHTED or MEAN:
+        scale = tl.full([BLOCK], 1.0, tl.float32)
+        if WEIGHTED:
+            scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
+        if MEAN:
+            length = tl.load(offsets_ptr + bag + 1, mask=valid, other=1) - tl.load(offsets_ptr + bag, mask=valid, other=0)
+            scale *= tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))
+        tl.store(scale_out_ptr + p, scale, mask=valid)
 
 
 @triton.jit
 def _sorted_operands_kernel(
-    perm_ptr, sorted_rows_ptr, feature_ptr, grad_offset_ptr, scale_ptr, feature_meta_ptr,
+    perm_ptr, sorted_rows_ptr, bag_ptr, scale_ptr, feature_meta_ptr,
     sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    num_indices, sentinel, SCALED: tl.constexpr, BLOCK: tl.constexpr,
+    B, grad_stride, num_indices, sentinel, UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
-    where its row starts in the flat weights, its D, its output-gradient row and factor."""
+    where its row starts in the flat weights, its D, its output-gradient row (from its bag:
+    bag b of a feature reads row b, unpooled id p row p) and its factor."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
     valid = row != sentinel
     p = tl.load(perm_ptr + q, mask=valid, other=0)
-    meta = feature_meta_ptr + tl.load(feature_ptr + p, mask=valid, other=0) * _META_COLS
+    bag = tl.load(bag_ptr + p, mask=valid, other=0)  # int32 below 2**31 bags: 32-bit division
+    feature = bag // B
+    meta = feature_meta_ptr + feature.to(tl.int64) * _META_COLS
     dim = tl.load(meta + _META_DIM, mask=valid, other=0)
     local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
     w_start = tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) + local * dim
     tl.store(sorted_w_start_ptr + q, w_start, mask=valid)
     tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=valid)
-    tl.store(sorted_grad_offset_ptr + q, tl.load(grad_offset_ptr + p, mask=valid, other=0), mask=valid)
+    if UNPOOLED:
+        grad_offset = p * grad_stride
+    else:
+        b = (bag - feature * B).to(tl.int64)
+        grad_offset = b * grad_stride + tl.load(meta + _META_OUT_OFFSET, mask=valid, other=0)
+    tl.store(sorted_grad_offset_ptr + q, grad_offset, mask=valid)
     if SCALED:
         tl.store(sorted_scale_ptr + q, tl.load(scale_ptr + p, mask=valid, other=0.0), mask=valid)
 
@@ -139,7 +150,7 @@ def _psw_grad_kernel(
     p = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row = tl.load(rows_ptr + p, mask=p < num_indices, other=sentinel)
     valid = row != sentinel
-    bag = tl.load(bag_ptr + p, mask=valid, other=0)
+    bag = tl.load(bag_ptr + p, mask=valid, other=0).to(tl.int64)
     meta = feature_meta_ptr + (bag // B) * _META_COLS
     dim = tl.load(meta + _META_DIM, mask=valid, other=0)
     local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
@@ -159,8 +170,12 @@ def _psw_grad_kernel(
 
 
 SORTED_OPERANDS_BLOCK = 1024
-SORTED_OPERANDS_WARPS = 4
-POSITIONS_CONFIG = dict(BAGS=64, BLOCK_L=4, num_warps=4)  # measured best of 4 on the H200
+SORTED_OPERANDS_WARPS = 8  # 57 registers (ptxas, sm_90); 4 warps took 96 with the bag's division
+# Positions per program of _positions_kernel, and its warps (4 positions a thread). Its
+# bag-tiled predecessor (64 bags x 4 ids a step, stores scattered a bag a lane) took 0.62 ms
+# at ctr-mix and 0.91 at long-bags on the H200 (d488ab2): ~0.55 TB/s.
+POSITIONS_BLOCK = 1024
+POSITIONS_WARPS = 8
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
@@ -251,17 +266,14 @@ def backward_update(
     mean = pooling == Pooling.MEAN
     weighted = per_sample_weights is not None
     scaled = mean or weighted
-    rows = torch.full((N,), sentinel, dtype=key_dtype, device=device)
-    feature = torch.empty(N, dtype=torch.int32, device=device)
-    grad_offset = torch.empty(N, dtype=torch.int64, device=device)
+    rows = torch.empty(N, dtype=key_dtype, device=device)  # every position written (the sentinel outside bags)
+    bags = torch.empty(N, dtype=torch.int32 if total_bags < 2**31 else torch.int64, device=device)
     scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
-    bags = torch.empty(N if psw_requires_grad else 1, dtype=torch.int64, device=device)
     psw = per_sample_weights if weighted else scale
-    _positions_kernel[(triton.cdiv(B, POSITIONS_CONFIG["BAGS"]), num_features)](
-        feature_meta, indices, offsets, psw, rows, feature, grad_offset, scale, bags, scratch,
-        B, total_bags, N, grad_output.stride(0),
-        UNPOOLED=pooling == Pooling.NONE, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check,
-        WRITE_BAGS=psw_requires_grad, **POSITIONS_CONFIG,
+    _positions_kernel[(triton.cdiv(N, POSITIONS_BLOCK),)](
+        feature_meta, indices, offsets, psw, rows, bags, scale, B, total_bags, N, (total_bags + 1).bit_length(),
+        sentinel, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
+        num_warps=POSITIONS_WARPS,
     )  # fmt: skip
     block_d = max(16, triton.next_power_of_2(max_dim))
     if psw_requires_grad:
@@ -274,12 +286,12 @@ def backward_update(
     sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
-    sorted_grad_offset = torch.empty_like(grad_offset)
+    sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
     sorted_scale = torch.empty_like(scale)
     _sorted_operands_kernel[(triton.cdiv(N, SORTED_OPERANDS_BLOCK),)](
-        perm, sorted_rows, feature, grad_offset, scale, feature_meta, sorted_w_start, sorted_dim,
-        sorted_grad_offset, sorted_scale, N, sentinel,
-        SCALED=scaled, BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
+        perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
+        B, grad_output.stride(0), N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
+        BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2

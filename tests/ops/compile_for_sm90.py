@@ -28,7 +28,7 @@ FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums
                   "supergroup_sums_ptr", "child_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
 FLOAT_POINTERS += ("cell_sums_ptr",)
-INT32_POINTERS = ("feature_ptr", "feature_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
+INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
 def signature(fn, constexprs, weights, keys):
@@ -156,12 +156,10 @@ def variants():
     for write in (False, True):
         yield runs._listed_chunks_kernel, dict(WRITE=write, BLOCK=backward.LIST_BLOCK), 4, "*fp32", "*i32"
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
-    positions = dict(backward.POSITIONS_CONFIG)
-    yield backward._positions_kernel, dict(
-        UNPOOLED=False, MEAN=True, WEIGHTED=True, CHECK=True, WRITE_BAGS=True, BAGS=positions["BAGS"],
-        BLOCK_L=positions["BLOCK_L"],
-    ), positions["num_warps"], "*fp32", "*i32"  # fmt: skip
-    yield backward._sorted_operands_kernel, dict(SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
+    for keys in ("*i32", "*i64"):
+        yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK), \
+            backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
+    yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
         backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
     psw = dict(backward.PSW_CONFIG)
     yield backward._psw_grad_kernel, dict(MEAN=True, CHECK=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128), \

@@ -628,3 +628,49 @@ def test_pieces_int64_row_keys(monkeypatch):
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
     emb.backward_launch = PIECES
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.7, weighted=True, lr=0.05)
+
+
+@pytest.mark.parametrize("mean, weighted", [(False, False), (True, True), (False, True)])
+def test_positions_kernel_finds_every_ids_bag(mean, weighted):
+    """The positions kernel (a program per BLOCK consecutive positions, each id's bag by a
+    binary search of the offsets) against a loop over bags: empty bags, a bag across two
+    programs, positions before the first offset and after the last (sentinel rows), a bad
+    id read as row 0 under CHECK. 3 features of B=4 bags, programs of 8 positions."""
+    from tbe_plugin.ops import embedding_backward as backward
+    from tbe_plugin.ops.indexing import META_COLS, META_ROW_BASE, META_ROWS
+
+    B, rows, row_base = 4, [10, 7, 5], [0, 10, 17]
+    lengths = [0, 3, 1, 0, 9, 0, 2, 1, 0, 0, 4, 2]  # bag 4 spans programs 0 and 1
+    first = 2  # positions 0, 1 lie before the first bag's start; the last 3 after the end
+    offsets = torch.tensor([first] + lengths, dtype=torch.int64).cumsum(0)
+    N = int(offsets[-1]) + 3
+    indices = torch.randint(0, 5, (N,), generator=torch.Generator().manual_seed(0))
+    indices[first + 3] = 99  # outside feature 0's 10 rows: read as row 0
+    psw = torch.rand(N, generator=torch.Generator().manual_seed(1))
+    meta = torch.zeros(3, META_COLS, dtype=torch.int64)
+    meta[:, META_ROWS], meta[:, META_ROW_BASE] = torch.tensor(rows), torch.tensor(row_base)
+    sentinel = torch.iinfo(torch.int32).max
+    rows_out, bag_out = torch.full((N,), -7, dtype=torch.int32), torch.full((N,), -7, dtype=torch.int32)
+    scale_out = torch.full((N,), -7.0)
+    backward._positions_kernel[(triton_cdiv(N, 8),)](
+        meta, indices, offsets, psw, rows_out, bag_out, scale_out, B, 3 * B, N, (3 * B + 1).bit_length(), sentinel,
+        MEAN=mean, WEIGHTED=weighted, CHECK=True, BLOCK=8,
+    )  # fmt: skip
+    expected_rows = torch.full((N,), sentinel, dtype=torch.int32)
+    for bag, length in enumerate(lengths):
+        f, start = bag // B, int(offsets[bag])
+        for p in range(start, start + length):
+            i = int(indices[p]) if 0 <= int(indices[p]) < rows[f] else 0
+            expected_rows[p] = row_base[f] + i
+            assert bag_out[p] == bag
+            factor = (float(psw[p]) if weighted else 1.0) / (length if mean else 1)
+            if mean or weighted:
+                assert scale_out[p].item() == pytest.approx(factor, rel=1e-6)
+    assert torch.equal(rows_out, expected_rows)
+    assert expected_rows[first + 3] == 0 and (expected_rows[:first] == sentinel).all()
+    assert (expected_rows[-3:] == sentinel).all()
+
+
+def triton_cdiv(a, b):
+    """ceil(a / b) for ints (triton.cdiv without importing Triton here)."""
+    return -(-a // b)

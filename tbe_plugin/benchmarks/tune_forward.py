@@ -6,7 +6,10 @@ DIR/tune_forward.json with the best candidate per shape beside what the current
 heuristic (``pooled_launch_config``) picks, and the commit, device and versions measured.
 The results feed that heuristic by hand; nothing reads them at run time. Outputs are
 checked against the heuristic's output. Inputs come from ``tbe_plugin.workloads``: every
-bag L ids, ids uniform or truncated Zipf(1.15) with the hot rows scattered.
+bag L ids, ids uniform or truncated Zipf(1.15) with the hot rows scattered (``SHAPES``); or
+production-shaped tables with Poisson bags of per-table means and per-table skew
+(``WORKLOADS``: the end-to-end benchmark's 30 DLRM tables, the suite's ctr-mix and
+long-bags), where one launch config serves tables of very different bag lengths.
 """
 
 import argparse
@@ -21,7 +24,7 @@ import triton
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.benchmarks.common import collect_environment
 from tbe_plugin.ops.embedding_forward import _work_items, forward_into, pooled_launch_config
-from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
+from tbe_plugin.workloads import TableWorkload, Workload, ctr_mix, ctr_tables_dlrm, generate_batch
 
 ZIPF_ALPHA = 1.15
 # name -> (T, B, L, dims, weights dtype, Zipf alpha of the ids; 0 = uniform)
@@ -36,6 +39,14 @@ SHAPES = {
     "L20-B512": (32, 512, 20, [128], torch.float32, 0.0),
     "L4-D64": (32, 16384, 4, [64], torch.float32, 0.0),
 }
+# name -> a production-shaped workload (its own rows, dims, bag-length laws and skew).
+WORKLOADS = {
+    "ctr-dlrm": Workload("ctr-dlrm", ctr_tables_dlrm(), batch_size=16384),
+    "ctr-mix": ctr_mix(),
+    "long-bags": Workload("long-bags", tuple(TableWorkload(rows=1_000_000, dim=128, mean_pooling=100 + 100 * t / 15,
+                                                           alpha=1.1) for t in range(16)),
+                          batch_size=8192, weights_precision="fp16"),
+}  # fmt: skip
 
 
 def candidates(L: int, max_dim: int, elem: int):
@@ -54,30 +65,34 @@ def candidates(L: int, max_dim: int, elem: int):
         yield bags, block_l, block_d, 1, stages
 
 
-def make_inputs(B, L, E, dims, alpha, device):
-    """One batch of the project's generator: every bag L ids, ids Zipf(alpha) over E rows."""
-    tables = tuple(TableWorkload(rows=E, dim=d, mean_pooling=L, pooling="fixed", alpha=alpha) for d in dims)
-    indices, offsets, _ = generate_batch(Workload("tune", tables, B), seed=0, device=device)
-    return indices, offsets
-
-
 def time_ms(fn, iters=30):
     return triton.testing.do_bench(fn, warmup=5, rep=iters, return_mode="median")
 
 
-def tune_shape(name, spec, E, budget):
+def shape_workload(spec, E) -> Workload:
+    """A ``SHAPES`` entry as a workload: T tables of E rows, every bag L ids."""
     T, B, L, dims_cycle, dtype, alpha = spec
-    dims = [dims_cycle[t % len(dims_cycle)] for t in range(T)]
-    names = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16"}
-    emb = TritonTableBatchedEmbeddingBags([(E, d) for d in dims], weights_precision=names[dtype],
+    precision = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    tables = tuple(TableWorkload(rows=E, dim=dims_cycle[t % len(dims_cycle)], mean_pooling=L, pooling="fixed",
+                                 alpha=alpha) for t in range(T))  # fmt: skip
+    return Workload("tune", tables, B, weights_precision=precision)
+
+
+def tune_shape(name, workload: Workload, budget):
+    B = workload.batch_size
+    dims = [t.dim for t in workload.tables]
+    emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in workload.tables],
+                                          weights_precision=workload.weights_precision.upper(),
                                           bounds_check_mode="WARNING", device="cuda")  # fmt: skip
     emb.init_embedding_weights_uniform(-1, 1)
-    indices, offsets = make_inputs(B, L, E, dims, alpha, "cuda")
+    indices, offsets, _ = generate_batch(workload, seed=0, device="cuda")
+    L = max(1, round(indices.numel() / (offsets.numel() - 1)))  # the mean bag length, as the heuristic sees it
     out = torch.empty(B, sum(dims), device="cuda")
     elem = emb.weights.element_size()
     reference = emb(indices, offsets)
     results = []
-    for cand in itertools.islice(candidates(L, max(dims), elem), budget):
+    longest = max(round(t.mean_pooling) for t in workload.tables)
+    for cand in itertools.islice(candidates(longest, max(dims), elem), budget):
         work = _work_items(emb.feature_dims, cand[2], emb.device)
 
         def run(cand=cand, work=work):
@@ -97,7 +112,7 @@ def tune_shape(name, spec, E, budget):
     h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
                                         None, emb.bounds_check_status, 0, 1, emb._align, heuristic))
     results.sort(key=lambda r: r["ms"])
-    row_bytes = sum(dims) * B * L * elem
+    row_bytes = _row_bytes(workload, offsets, elem)
     del emb
     torch.cuda.empty_cache()
     return {"shape": name, "heuristic": heuristic, "heuristic_ms": h_ms,
@@ -106,18 +121,29 @@ def tune_shape(name, spec, E, budget):
             "candidates": len(results)}  # fmt: skip
 
 
+def _row_bytes(workload: Workload, offsets: torch.Tensor, elem: int) -> int:
+    """Bytes of the rows a batch reads: every lookup's row (repeated ids counted)."""
+    B = workload.batch_size
+    per_table = (offsets[B::B] - offsets[:-1:B]).tolist()  # lookups of each table
+    return sum(n * t.dim * elem for n, t in zip(per_table, workload.tables))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join([*SHAPES, *WORKLOADS])}")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--budget", type=int, default=400, help="max candidates per shape")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     report = {"environment": collect_environment(torch.device("cuda")), "rows": args.rows,
-              "inputs": "tbe_plugin.workloads.generate_batch, seed 0, fixed L, Zipf alpha per shape", "shapes": []}
+              "inputs": "tbe_plugin.workloads.generate_batch, seed 0: SHAPES fixed L and one Zipf alpha per shape; "
+                        "WORKLOADS their own tables", "shapes": []}  # fmt: skip
     for name in args.shapes.split(","):
-        entry = tune_shape(name, SHAPES[name], args.rows, args.budget)
+        if name not in SHAPES and name not in WORKLOADS:
+            raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join([*SHAPES, *WORKLOADS])}")
+        workload = WORKLOADS[name] if name in WORKLOADS else shape_workload(SHAPES[name], args.rows)
+        entry = tune_shape(name, workload, args.budget)
         best = entry["best"][0] if entry["best"] else None
         print(f"{name}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms; "
               f"best {best}", flush=True)  # fmt: skip

@@ -100,7 +100,7 @@ def _piece_operands(
 def _pieces_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, piece_starts_ptr, class_piece_pos_ptr, cell_sums_ptr, head_slots,
-    klass, slot_stride, num_indices, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    klass, slot_stride, num_indices, step_ptr, hyper_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr,
@@ -137,7 +137,7 @@ def _pieces_kernel(
                 total += _gather_gradients(grad_ptr, g_start, scale, member, cols, dim, SCALED, ALIGN)
         _update_row_state_and_weights(
             total, w, m1, m2, whole, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
-            step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+            step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
             BARRIER,
         )  # fmt: skip
         partial = live & ~whole
@@ -175,7 +175,7 @@ def _cell_groups_kernel(
 def _multi_runs_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, cell_sums_ptr,
     head_slots, group_sums_ptr, supergroup_sums_ptr, multi_heads_ptr, class_multi_pos_ptr, class_pos_ptr,
-    klass, slot_stride, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    klass, slot_stride, step_ptr, hyper_ptr,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr, FAN_IN: tl.constexpr,
 ):  # fmt: skip
@@ -224,7 +224,7 @@ def _multi_runs_kernel(
                 going_on = tl.load(sorted_rows_ptr + edge, mask=edge < hi, other=-1) == row
         _update_row_state_and_weights(
             total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim, momentum1_ptr,
-            momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE,
+            momentum2_ptr, step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE,
             STOCHASTIC_ROUNDING, True,
         )  # fmt: skip
         tl.debug_barrier()  # the next run's loads after this row's stores, in every warp

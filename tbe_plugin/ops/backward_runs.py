@@ -81,9 +81,8 @@ def _segmented_add(starts_a, sum_a, starts_b, sum_b):
 
 @triton.jit
 def _update_row_state_and_weights(
-    g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr, lr,
-    eps, beta1, beta2, weight_decay, seed, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
-    STOCHASTIC_ROUNDING: tl.constexpr, BARRIER: tl.constexpr,
+    g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr, hyper_ptr,
+    OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BARRIER: tl.constexpr,
 ):  # fmt: skip
     """``apply_update``, after a barrier when rows may be spread over several warps (then
     a warp that stored first would make another update the row again from new values)."""
@@ -91,7 +90,7 @@ def _update_row_state_and_weights(
         tl.debug_barrier()
     apply_update(
         g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr,
-        lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
     )  # fmt: skip
 
 
@@ -99,7 +98,7 @@ def _update_row_state_and_weights(
 def _chunk_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, class_pos_ptr, chunk_list_ptr,
-    list_pos_ptr, klass, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    list_pos_ptr, klass, step_ptr, hyper_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
     MODE: tl.constexpr, BARRIER: tl.constexpr, HALO: tl.constexpr,
@@ -115,7 +114,7 @@ def _chunk_kernel(
             _update_chunk(
                 grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
                 sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
-                step_ptr, lr, eps, beta1, beta2, weight_decay, seed, tl.load(chunk_list_ptr + i), lo, hi,
+                step_ptr, hyper_ptr, tl.load(chunk_list_ptr + i), lo, hi,
                 SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
             )  # fmt: skip
     elif MODE == 1:
@@ -124,7 +123,7 @@ def _chunk_kernel(
             _update_chunk(
                 grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
                 sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
-                step_ptr, lr, eps, beta1, beta2, weight_decay, seed, lo + c * CHUNK, lo, hi,
+                step_ptr, hyper_ptr, lo + c * CHUNK, lo, hi,
                 SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
             )  # fmt: skip
     else:
@@ -133,7 +132,7 @@ def _chunk_kernel(
             _update_chunk(
                 grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
                 sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass,
-                step_ptr, lr, eps, beta1, beta2, weight_decay, seed, c0, lo, hi,
+                step_ptr, hyper_ptr, c0, lo, hi,
                 SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, CHUNK, BLOCK_D, ALIGN, BARRIER, HALO,
             )  # fmt: skip
 
@@ -176,7 +175,7 @@ def _listed_chunks_kernel(
 def _update_chunk(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, long_runs_ptr, long_count_ptr, klass, step_ptr,
-    lr, eps, beta1, beta2, weight_decay, seed, c0, lo, hi,
+    hyper_ptr, c0, lo, hi,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
     BARRIER: tl.constexpr, HALO: tl.constexpr,
@@ -235,7 +234,7 @@ def _update_chunk(
             run_sum += tl.where((lane == CHUNK - 1)[:, None], tl.sum(ahead, axis=0)[None, :], 0.0)
     _update_row_state_and_weights(
         run_sum, w, m1, m2, ends, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
-        step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
         BARRIER,
     )  # fmt: skip
     if is_long:
@@ -355,8 +354,7 @@ def _group_kernel(
 def _long_run_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, segment_sums_ptr, group_sums_ptr, supergroup_sums_ptr,
-    long_runs_ptr, long_count_ptr, class_pos_ptr, klass, slot_stride, step_ptr,
-    lr, eps, beta1, beta2, weight_decay, seed,
+    long_runs_ptr, long_count_ptr, class_pos_ptr, klass, slot_stride, step_ptr, hyper_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, SEGMENT: tl.constexpr,
     STEP: tl.constexpr, FAN_IN: tl.constexpr,
@@ -410,7 +408,7 @@ def _long_run_kernel(
         # One row over all the program's warps: every load lands before any warp stores.
         _update_row_state_and_weights(
             total[None, :], w, m1, m2, active, row_mask, w_ptrs, w_start, row + one, cols, dim, momentum1_ptr,
-            momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed, OPTIMIZER, WEIGHT_DECAY_MODE,
+            momentum2_ptr, step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE,
             STOCHASTIC_ROUNDING, True,
         )  # fmt: skip
         tl.debug_barrier()  # the next run's loads after this row's stores, in every warp

@@ -60,7 +60,7 @@ from tbe_plugin.ops.indexing import (
     _checked_bag_bounds,
     _checked_ids,
 )
-from tbe_plugin.ops.optimizers import OptimizerArgs
+from tbe_plugin.ops.optimizers import OptimizerArgs, hyper_values
 
 
 @triton.jit
@@ -104,7 +104,8 @@ def _positions_kernel(
         if WEIGHTED:
             scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
         if MEAN:
-            length = tl.load(offsets_ptr + bag + 1, mask=valid, other=1) - tl.load(offsets_ptr + bag, mask=valid, other=0)
+            end = tl.load(offsets_ptr + bag + 1, mask=valid, other=1)
+            length = end - tl.load(offsets_ptr + bag, mask=valid, other=0)
             scale *= tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))
         tl.store(scale_out_ptr + p, scale, mask=valid)
 
@@ -184,15 +185,25 @@ INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 _MULTIPROCESSORS: dict = {}
 
 
+def hyper_tensor(args: OptimizerArgs, device: torch.device, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``args``' runtime values (``optimizers.HYPER_FIELDS``) as the fp64 vector the update
+    kernels read, on ``device`` (into ``out`` when given): one small host-to-device copy a
+    step, from pinned memory on CUDA (no host sync)."""
+    values = torch.tensor(hyper_values(args), dtype=torch.float64, pin_memory=device.type == "cuda")
+    if out is None:
+        return values.to(device, non_blocking=True)
+    return out.copy_(values, non_blocking=True)
+
+
 def _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align):
     """What every update kernel takes beside its sums: the step count, both momenta (the
-    weights stand in for state an optimizer lacks: never read), the hyperparameters and
-    the constexpr modes."""
+    weights stand in for state an optimizer lacks: never read), the hyperparameters (a
+    device vector, ``hyper_tensor``) and the constexpr modes."""
     if step is None:
         step = sorted_rows  # never read: only Adam and LAMB take a step count
     m1 = momentum1 if momentum1 is not None else weights
     m2 = momentum2 if momentum2 is not None else weights
-    hyper = (args.learning_rate, args.eps, args.beta1, args.beta2, args.weight_decay, args.seed)
+    hyper = args.hyper if args.hyper is not None else hyper_tensor(args, weights.device)
     modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
                  STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
     return step, m1, m2, hyper, modes
@@ -376,7 +387,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
         chunks = triton.cdiv(N, sizes.chunk_ids)
         _chunk_kernel[(min(chunks, sms * launch.chunk_programs_per_sm) if mode else chunks,)](
             grad_output, *sorted_operands, weights, m1, m2, long_runs, long_count, class_pos, chunk_list, list_pos,
-            klass, step, *hyper,
+            klass, step, hyper,
             SCALED=scaled, CHUNK=sizes.chunk_ids, BLOCK_D=sizes.block_d, MODE=mode,
             HALO=sizes.chunk_ids if launch.chunk_halo else 0, BARRIER=sizes.chunk_warps > 1,
             num_warps=sizes.chunk_warps, **modes,
@@ -402,7 +413,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
                 )  # fmt: skip
         _long_run_kernel[(sms * launch.loop_programs_per_sm,)](
             grad_output, *sorted_operands, weights, m1, m2, segment_sums, group_sums, supergroup_sums, long_runs,
-            long_count, class_pos, klass, stride, step, *hyper,
+            long_count, class_pos, klass, stride, step, hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, SEGMENT=segment, STEP=sizes.step_ids, FAN_IN=fan_in,
             num_warps=sizes.loop_warps, **modes,
         )  # fmt: skip
@@ -453,7 +464,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
             grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, *hyper,
+            stride, N, step, hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
             BARRIER=sizes.piece_warps > 1, num_warps=sizes.piece_warps, **modes,
         )  # fmt: skip
@@ -469,6 +480,6 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
                 )  # fmt: skip
         _multi_runs_kernel[tree_grid](
             sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, cell_sums, cells, group_sums, supergroup_sums,
-            multi_heads, class_multi_pos, class_pos, klass, stride, step, *hyper,
+            multi_heads, class_multi_pos, class_pos, klass, stride, step, hyper,
             BLOCK_D=sizes.block_d, PIECE=piece, FAN_IN=fan_in, num_warps=sizes.tree_warps, **modes,
         )  # fmt: skip

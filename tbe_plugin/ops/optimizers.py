@@ -14,7 +14,9 @@ Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 
 import dataclasses
 import enum
+from typing import Optional
 
+import torch
 import triton
 import triton.language as tl
 
@@ -52,6 +54,9 @@ class OptimizerArgs:
     weight_decay_mode: int = WeightDecay.NONE
     stochastic_rounding: bool = False
     seed: int = 0
+    hyper: Optional[torch.Tensor] = None
+    """These values as the device vector the kernels read (``HYPER_FIELDS``), when the
+    caller keeps one (a captured graph's); None: the launcher copies them over."""
 
 
 _SGD = tl.constexpr(Optimizer.EXACT_SGD)
@@ -62,6 +67,32 @@ _PARTIAL_ROWWISE_ADAM = tl.constexpr(Optimizer.PARTIAL_ROWWISE_ADAM)
 _LAMB = tl.constexpr(Optimizer.LAMB)
 _WD_L2 = tl.constexpr(WeightDecay.L2)
 _WD_DECOUPLE = tl.constexpr(WeightDecay.DECOUPLE)
+
+
+HYPER_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "seed")
+"""The runtime values of a step, in the order of the fp64 device vector kernels read them
+from (``load_hyper``): on the device, so that a captured CUDA graph reads this step's."""
+SEED_LIMIT = 2**53
+"""Rounding seeds are kept below this (exact in fp64): ``hyper_values`` wraps them."""
+
+
+def hyper_values(args: "OptimizerArgs") -> list:
+    """``args``' runtime values in ``HYPER_FIELDS`` order, for the fp64 device vector."""
+    return [float(args.learning_rate), float(args.eps), float(args.beta1), float(args.beta2),
+            float(args.weight_decay), float(args.seed % SEED_LIMIT)]  # fmt: skip
+
+
+@triton.jit
+def load_hyper(hyper_ptr):
+    """(lr, eps, beta1, beta2, weight_decay, seed) from the fp64 vector (``HYPER_FIELDS``):
+    the floats rounded to fp32 as Triton rounds a Python float argument, the seed an int."""
+    lr = tl.load(hyper_ptr).to(tl.float32)
+    eps = tl.load(hyper_ptr + 1).to(tl.float32)
+    beta1 = tl.load(hyper_ptr + 2).to(tl.float32)
+    beta2 = tl.load(hyper_ptr + 3).to(tl.float32)
+    weight_decay = tl.load(hyper_ptr + 4).to(tl.float32)
+    seed = tl.load(hyper_ptr + 5).to(tl.int64)
+    return lr, eps, beta1, beta2, weight_decay, seed
 
 
 @triton.jit
@@ -116,13 +147,15 @@ def load_row_state(
 @triton.jit
 def apply_update(
     g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim,
-    momentum1_ptr, momentum2_ptr, step_ptr, lr, eps, beta1, beta2, weight_decay, seed,
+    momentum1_ptr, momentum2_ptr, step_ptr, hyper_ptr,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
 ):  # fmt: skip
     """One optimizer step on rows ``row`` with gradients ``g`` [R, BLOCK_D], from the
     weights and state ``load_row_state`` read (same operands); stores the new ones.
     ``active`` masks lanes with no row to update; ``dim`` is each row's D.
     """
+    # Loaded here (cached lines), not by the kernels: not live in registers across their loops.
+    lr, eps, beta1, beta2, weight_decay, seed = load_hyper(hyper_ptr)
     mask = row_mask & active[:, None]
     g = tl.where(mask, g, 0.0)
     dim_f = tl.maximum(dim, 1).to(tl.float32)

@@ -23,11 +23,12 @@ from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-FLOAT_ARGS = ("lr", "eps", "beta1", "beta2", "weight_decay")
+FLOAT_ARGS = ()  # the update kernels read their hyperparameters from hyper_ptr
 FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums_ptr", "group_sums_ptr",
                   "supergroup_sums_ptr", "child_sums_ptr", "out_ptr",
                   "momentum1_ptr", "momentum2_ptr", "scale_ptr", "scale_out_ptr", "sorted_scale_ptr")  # fmt: skip
 FLOAT_POINTERS += ("cell_sums_ptr",)
+FP64_POINTERS = ("hyper_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
@@ -44,6 +45,8 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = "*fp32"
         elif name in INT32_POINTERS:
             sig[name] = "*i32"
+        elif name in FP64_POINTERS:
+            sig[name] = "*fp64"
         elif name.endswith("_ptr"):
             sig[name] = "*i64"
         else:

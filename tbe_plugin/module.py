@@ -26,6 +26,7 @@ from tbe_plugin.ops.training import (
     training_lookup,
 )
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
+from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
@@ -287,6 +288,9 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         # Launch sizes of the backward's kernels (``ops.backward_launch.RunsLaunch``); None:
         # their heuristic. Tests and profilers set another.
         self.backward_launch: Optional[RunsLaunch] = None
+        # The backwards captured as CUDA graphs, for batches the launch says to graph
+        # (``RunsLaunch.graph_max_ids``; none by default).
+        self.backward_graphs = BackwardGraphs()
         # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
         self.register_buffer("bounds_check_status", new_status(self.device), persistent=False)
 
@@ -529,6 +533,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
             self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
             psw_requires_grad, *self._training_config(), launch=self.backward_launch, classes=self._row_classes,
+            graphs=self.backward_graphs,
         )  # fmt: skip
         return psw_grad if psw_requires_grad else None
 

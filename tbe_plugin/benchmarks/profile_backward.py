@@ -58,6 +58,8 @@ CANDIDATES = {
     "pieces_p32": _launch(design="pieces", piece_programs_per_sm=32),
     "pieces_grid": _launch(design="pieces", piece_programs_per_sm=0),
     "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
+    # The default's kernels, batches of up to 2**20 ids as captured CUDA graphs (ops.backward_graphs).
+    "graphs": _launch(graph_max_ids=1 << 20),
 }
 
 

@@ -127,6 +127,10 @@ class RunsLaunch:
     sums of 8 partials a load exceed 512 elements a warp, up to max_loop_warps)."""
     piece_unroll: int = 4
     """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
+    graph_max_ids: int = 0
+    """Batches of at most this many ids run their backward as a captured CUDA graph
+    (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel
+    launches and their Python); 0: never (the default until the H200 has measured it)."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the
@@ -142,6 +146,8 @@ class RunsLaunch:
         for name in ("chunk_warps", "loop_warps", "max_loop_warps", "piece_warps", "tree_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
+        if self.graph_max_ids < 0:
+            raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
         if self.piece_programs_per_sm < 0:
             raise ValueError(f"RunsLaunch.piece_programs_per_sm must be >= 0, got {self.piece_programs_per_sm}")
         for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_unroll"):

@@ -49,7 +49,7 @@ from tbe_plugin.ops.backward_runs import (
     _long_run_kernel,
     _segment_kernel,
 )
-from tbe_plugin.ops.common import Pooling, new_status
+from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.indexing import (
     _META_COLS,
     _META_DIM,
@@ -57,10 +57,20 @@ from tbe_plugin.ops.indexing import (
     _META_ROW_BASE,
     _META_ROWS,
     _META_WEIGHT_OFFSET,
-    _checked_bag_bounds,
-    _checked_ids,
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs, hyper_values
+
+
+@triton.jit
+def _bag_length(offsets_ptr, bag, valid, num_indices):
+    """A bag's length for MEAN, at least 1: its offsets clamped into [0, num_indices] (for
+    valid offsets, their difference; the backward's rule for invalid ones, which the
+    forward has reported, and the same for a batch padded to its graph's bucket)."""
+    start = tl.load(offsets_ptr + bag, mask=valid, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + bag + 1, mask=valid, other=0).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), num_indices)
+    end = tl.minimum(tl.maximum(end, 0), num_indices)
+    return tl.maximum(end - start, 1)
 
 
 @triton.jit
@@ -104,9 +114,7 @@ def _positions_kernel(
         if WEIGHTED:
             scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
         if MEAN:
-            end = tl.load(offsets_ptr + bag + 1, mask=valid, other=1)
-            length = end - tl.load(offsets_ptr + bag, mask=valid, other=0)
-            scale *= tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))
+            scale *= tl.div_rn(1.0, _bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
         tl.store(scale_out_ptr + p, scale, mask=valid)
 
 
@@ -144,8 +152,7 @@ def _sorted_operands_kernel(
 @triton.jit
 def _psw_grad_kernel(
     grad_ptr, grad_stride, weights_ptr, feature_meta_ptr, rows_ptr, bag_ptr, offsets_ptr,
-    out_ptr, scratch_ptr, B, total_bags, num_indices, sentinel,
-    MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    out_ptr, B, num_indices, sentinel, MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """d loss / d per_sample_weight[p] = <grad of p's bag, p's weight row> (/ L for MEAN)."""
     p = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -165,8 +172,7 @@ def _psw_grad_kernel(
         g = tl.load(grad_ptr + g_start[:, None] + cols[None, :], mask=mask, other=0.0)
         acc += tl.sum(w.to(tl.float32) * g.to(tl.float32), axis=1)
     if MEAN:
-        start, end = _checked_bag_bounds(offsets_ptr, bag, valid, num_indices, total_bags, scratch_ptr, CHECK)
-        acc = tl.div_rn(acc, tl.maximum(end - start, 1).to(tl.float32))
+        acc = tl.div_rn(acc, _bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
@@ -218,18 +224,6 @@ def _multiprocessors(device: torch.device) -> int:
     return _MULTIPROCESSORS[key]
 
 
-_SCRATCH: dict = {}
-
-
-def _scratch_status(device: torch.device) -> torch.Tensor:
-    """A status vector per device that the backward's bounds checks write and nobody reads
-    (one allocation and fill per process instead of three small ops a step)."""
-    key = str(device)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = new_status(device)
-    return _SCRATCH[key]
-
-
 def backward_update(
     grad_output: torch.Tensor,
     weights: torch.Tensor,
@@ -271,7 +265,6 @@ def backward_update(
         return psw_grad
     total_bags = num_features * B
     grad_output = grad_output.contiguous()
-    scratch = _scratch_status(device)  # written, never read: the forward reported bad input
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
     sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
     mean = pooling == Pooling.MEAN
@@ -291,8 +284,7 @@ def backward_update(
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
         _psw_grad_kernel[(triton.cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
             grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
-            psw_grad, scratch, B, total_bags, N, sentinel,
-            MEAN=mean, CHECK=bounds_check, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
+            psw_grad, B, N, sentinel, MEAN=mean, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)

@@ -23,6 +23,7 @@ import torch
 
 from tbe_plugin.ops.bounds import merge_status, warn_once
 from tbe_plugin.ops.common import STATUS_LEN, new_status
+from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch
 from tbe_plugin.ops.embedding_backward import backward_update
 from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
@@ -53,11 +54,14 @@ def fused_update(
     hyper: torch.Tensor,
     launch: Optional[RunsLaunch] = None,
     classes: Optional[List[int]] = None,
+    graphs: Optional[BackwardGraphs] = None,
 ) -> torch.Tensor:
     """One optimizer step (step count and rounding seed advance first, as in FBGEMM);
     returns the per-sample-weight gradient, empty unless ``psw_requires_grad``. ``launch``:
     the backward kernels' sizes (their heuristic when None); ``classes``: the module's
-    classes of row tiles, (BLOCK_D, first global row) flat (``backward_update``)."""
+    classes of row tiles, (BLOCK_D, first global row) flat (``backward_update``);
+    ``graphs``: the module's captured backwards, used for batches ``launch`` says to
+    graph (``backward_graphs``)."""
     if step is not None:
         step.add_(1)
     rounding_seed.add_(1)
@@ -73,7 +77,8 @@ def fused_update(
         stochastic_rounding=stochastic_rounding,
         seed=int(rounding_seed.item()),
     )
-    psw_grad = backward_update(
+    update = graphs.backward if graphs is not None and graphs.applies(launch, indices, offsets) else backward_update
+    psw_grad = update(
         grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows, align,
         indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args, launch, classes,
     )  # fmt: skip
@@ -103,12 +108,12 @@ class LookupConfig(NamedTuple):
     align: int
 
 
-def _without_parameter(fn, parameter: str):
-    """``fn`` less one keyword parameter, left at its default: an op's implementation, whose
-    schema is inferred from this signature (one signature to keep, ``fn``'s). It passes every
-    argument by name, so parameters after the one removed keep their meaning."""
+def _without_parameters(fn, *parameters: str):
+    """``fn`` less some keyword parameters, left at their defaults: an op's implementation,
+    whose schema is inferred from this signature (one signature to keep, ``fn``'s). It passes
+    every argument by name, so parameters after those removed keep their meaning."""
     signature = inspect.signature(fn)
-    kept = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != parameter])
+    kept = signature.replace(parameters=[p for p in signature.parameters.values() if p.name not in parameters])
 
     def without(*args, **kwargs):
         return fn(**kept.bind(*args, **kwargs).arguments)
@@ -120,10 +125,11 @@ def _without_parameter(fn, parameter: str):
 
 # What the update writes, declared to the compiler: it keeps the op for these writes (no
 # output of it need be read) and orders later readers of the tables after it. ``launch``
-# (the kernels' sizes, not a schema type) stays at its heuristic under compile.
+# (the kernels' sizes, not a schema type) stays at its heuristic under compile, and no
+# captured graphs (``graphs``) serve it.
 tbe_fused_update_op = torch.library.custom_op(
     "tbe_plugin::tbe_fused_update",
-    _without_parameter(fused_update, "launch"),
+    _without_parameters(fused_update, "launch", "graphs"),
     mutates_args=("weights", "momentum1", "momentum2", "step", "rounding_seed"),
 )
 

@@ -165,7 +165,7 @@ def variants():
     yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
         backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
     psw = dict(backward.PSW_CONFIG)
-    yield backward._psw_grad_kernel, dict(MEAN=True, CHECK=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128), \
+    yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128), \
         psw["num_warps"], "*fp32", "*i32"  # fmt: skip
 
 

@@ -1,0 +1,156 @@
+"""The backward as CUDA graphs for small batches (``ops.backward_graphs``).
+
+On the CPU the padded path runs eagerly (``BackwardGraphs(capture=False)``): padding a batch
+to its bucket must not change one bit of the step. The graphs themselves run on the device
+(``-m gpu``)."""
+
+import pytest
+import torch
+
+from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.ops.backward_graphs import BUCKET_MULTIPLE, BackwardGraphs, describe, padded_ids
+from tbe_plugin.ops.backward_launch import RunsLaunch
+from tests.helpers import make_bags
+
+SPECS = [(23, 8), (9, 20), (30, 4)]
+FTM = [0, 1, 2, 0]
+GRAPHED = RunsLaunch(graph_max_ids=1 << 20)
+
+
+def test_buckets_cover_every_size_with_bounded_padding():
+    previous = 0
+    for n in list(range(1, 5000, 37)) + [65_536, 327_680, 1_000_000, 1 << 20]:
+        bucket = padded_ids(n)
+        assert bucket >= n and bucket % BUCKET_MULTIPLE == 0 and bucket >= previous
+        if n > 8 * BUCKET_MULTIPLE:
+            assert bucket <= 1.19 * n + BUCKET_MULTIPLE  # one step of 2**(1/4), then a multiple of 1024
+        previous = bucket
+    assert len({padded_ids(n) for n in range(300_000, 400_000, 1000)}) <= 3  # a few graphs for a range of sizes
+
+
+def build(optimizer, dtype="FP32", pooling="SUM", specs=SPECS, **kwargs):
+    emb = TritonTableBatchedEmbeddingBags(specs, feature_table_map=FTM, optimizer=optimizer, pooling_mode=pooling,
+                                          weights_precision=dtype, learning_rate=0.05, **kwargs)  # fmt: skip
+    torch.manual_seed(0)
+    emb.init_embedding_weights_uniform(-1.0, 1.0)
+    return emb
+
+
+def train_pair(optimizer, dtype="FP32", pooling="SUM", weighted=False, steps=3, specs=SPECS, **kwargs):
+    """Two modules from the same weights, one plain, one through the padded path, on the
+    same batches of different sizes, the learning rate changed between steps; returns both
+    and the per-sample-weight gradients of each step."""
+    plain, padded = (build(optimizer, dtype, pooling, specs, **kwargs) for _ in range(2))
+    padded.backward_launch = GRAPHED
+    padded.backward_graphs = BackwardGraphs(capture=False)
+    rows = [specs[t][0] for t in FTM]
+    psw_grads = []
+    for step in range(steps):
+        indices, offsets = make_bags(rows, B=3 + step, max_len=6, seed=step, hot_fraction=0.5)
+        psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)) if weighted else None
+        grads = []
+        for emb in (plain, padded):
+            emb.set_learning_rate(0.05 / (step + 1))
+            weights = psw.clone().requires_grad_() if weighted else None
+            out = emb(indices, offsets, weights)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(10 + step)).to(out.dtype))
+            grads.append(weights.grad if weighted else None)
+        psw_grads.append(grads)
+    return plain, padded, psw_grads
+
+
+def assert_same_step(a, b):
+    assert torch.equal(a.weights, b.weights)
+    for states_a, states_b in zip(a.split_optimizer_states(), b.split_optimizer_states()):
+        for x, y in zip(states_a, states_b):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "optimizer, dtype, pooling, weighted",
+    [("EXACT_ROWWISE_ADAGRAD", "FP32", "SUM", False), ("ADAM", "FP32", "MEAN", True),
+     ("LAMB", "FP16", "SUM", True), ("EXACT_ADAGRAD", "FP32", "NONE", False)],
+    ids=["rowwise", "adam-mean-weighted", "lamb-fp16-rounding", "adagrad-unpooled"],
+)  # fmt: skip
+def test_padding_to_the_bucket_changes_nothing(optimizer, dtype, pooling, weighted):
+    """Bitwise the same tables, states and per-sample-weight gradients as the plain path
+    (the padding sorts last as the sentinel row; the real ids keep their sorted positions),
+    with the learning rate, step count and rounding seed read from the device vector."""
+    kwargs = {"stochastic_rounding": True} if dtype == "FP16" else {}
+    specs = SPECS if pooling != "NONE" else [(23, 8), (9, 8), (30, 8)]  # unpooled: one D
+    plain, padded, psw_grads = train_pair(optimizer, dtype, pooling, weighted, specs=specs, **kwargs)
+    assert_same_step(plain, padded)
+    assert not torch.equal(plain.weights, build(optimizer, dtype, pooling, specs, **kwargs).weights)  # it trained
+    for a, b in psw_grads:
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert len(padded.backward_graphs) >= 1  # the padded path was taken
+
+
+def test_when_the_padded_path_applies():
+    graphs = BackwardGraphs(capture=False)
+    ids, offsets = torch.zeros(10, dtype=torch.int64), torch.tensor([0, 4, 10])
+    assert graphs.applies(RunsLaunch(graph_max_ids=10), ids, offsets)
+    assert not graphs.applies(RunsLaunch(graph_max_ids=9), ids, offsets)  # too many ids
+    assert not graphs.applies(RunsLaunch(), ids, offsets)  # the default never graphs
+    assert not graphs.applies(None, ids, offsets)
+    assert not graphs.applies(RunsLaunch(graph_max_ids=10), ids[:0], torch.tensor([0, 0, 0]))  # empty batch
+    assert not BackwardGraphs(capture=True).applies(RunsLaunch(graph_max_ids=10), ids, offsets)  # CPU: no graphs
+    with pytest.raises(ValueError, match="graph_max_ids"):
+        RunsLaunch(graph_max_ids=-1)
+    with pytest.raises(ValueError, match="max_graphs"):
+        BackwardGraphs(max_graphs=0)
+
+
+def test_least_recently_used_buckets_are_dropped():
+    emb = build("EXACT_SGD")
+    emb.backward_launch = GRAPHED
+    emb.backward_graphs = BackwardGraphs(max_graphs=2, capture=False)
+    rows = [SPECS[t][0] for t in FTM]
+    for B in (1, 300, 700, 300):  # buckets 1024, 2048, 3072 (the first dropped), 2048 again
+        indices, offsets = make_bags(rows, B=B, max_len=4, seed=B)
+        emb(indices, offsets).sum().backward()
+    assert describe(emb.backward_graphs)["buckets"] == sorted({padded_ids(n) for n in (
+        int(make_bags(rows, B=B, max_len=4, seed=B)[0].numel()) for B in (700, 300))})  # fmt: skip
+    assert len(emb.backward_graphs) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer, dtype, weighted", [("EXACT_ROWWISE_ADAGRAD", "FP32", False),
+                                                        ("ADAM", "FP16", True)])  # fmt: skip
+def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted):
+    """On the device: batches of B=512 (Zipf ids, two sizes sharing a bucket and one of
+    another) through captured graphs give bitwise the eager step's tables, states and
+    per-sample-weight gradients, with the learning rate changed every step (read by the
+    graph from the device vector) and fp16 stochastic rounding (its seed likewise)."""
+    rows, dims = [100_000, 50_000, 20_000], [128, 64, 32]
+    modules = []
+    for graphed in (False, True):
+        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, weights_precision=dtype,
+                                              stochastic_rounding=dtype == "FP16", learning_rate=0.01, device="cuda")
+        with torch.no_grad():
+            emb.weights.copy_(torch.rand(emb.weights.shape, generator=torch.Generator().manual_seed(0)).cuda() - 0.5)
+        if graphed:
+            emb.backward_launch = GRAPHED
+        modules.append(emb)
+    generator = torch.Generator().manual_seed(1)
+    for step, L in enumerate((20, 21, 20, 9, 20)):
+        B = 512
+        lengths = torch.randint(L // 2, L + L // 2 + 1, (3 * B,), generator=generator)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).cuda()
+        ranks = torch.distributions.Pareto(1.0, 0.2).sample((int(lengths.sum()),)).long() - 1
+        feature = torch.repeat_interleave(torch.arange(3), lengths.view(3, B).sum(1))
+        indices = (ranks % torch.tensor(rows)[feature]).cuda()
+        psw = torch.rand(indices.numel(), generator=generator).cuda() if weighted else None
+        grad = torch.randn(B, sum(dims), generator=generator).cuda()
+        psw_grads = []
+        for emb in modules:
+            emb.set_learning_rate(0.01 * (1 + step))
+            weights = psw.clone().requires_grad_() if weighted else None
+            emb(indices, offsets, weights).backward(grad.to(emb.output_dtype))
+            psw_grads.append(weights.grad if weighted else None)
+        torch.cuda.synchronize()
+        assert_same_step(*modules)
+        if weighted:
+            assert torch.equal(*psw_grads)
+    info = describe(modules[1].backward_graphs)
+    assert info["replays"] >= 2 and info["captured"] >= 1, info

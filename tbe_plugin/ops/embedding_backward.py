@@ -178,9 +178,9 @@ def _psw_grad_kernel(
 
 SORTED_OPERANDS_BLOCK = 1024
 SORTED_OPERANDS_WARPS = 8  # 57 registers (ptxas, sm_90); 4 warps took 96 with the bag's division
-# Positions per program of _positions_kernel, and its warps (4 positions a thread). Its
-# bag-tiled predecessor (64 bags x 4 ids a step, stores scattered a bag a lane) took 0.62 ms
-# at ctr-mix and 0.91 at long-bags on the H200 (d488ab2): ~0.55 TB/s.
+# Positions per program of _positions_kernel, and its warps (4 positions a thread):
+# consecutive positions, so that its loads and stores are contiguous whatever the bags'
+# lengths (a program per bag tile scatters them a bag a lane: ~0.55 TB/s, H200, d488ab2).
 POSITIONS_BLOCK = 1024
 POSITIONS_WARPS = 8
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
@@ -426,8 +426,8 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     cells = N // piece + 1
     blocks = triton.cdiv(N + 1, MARKS_BLOCK)
     # Pieces per block, then multi runs per block: one vector, so that its running totals
-    # are one 1-D scan (CUB's; a scan over the blocks of a [blocks, 2] tensor took 1.5 ms
-    # on the H200 at ctr-mix's 22k blocks, e45a0a4).
+    # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
+    # at ctr-mix's 22k blocks, H200, e45a0a4).
     counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
     # Pieces: at most a head per id, a grid point per cell, and the end; the entries past
     # the count stay above every position, so that searchsorted finds the classes' pieces.

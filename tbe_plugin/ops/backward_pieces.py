@@ -42,7 +42,7 @@ from tbe_plugin.ops.optimizers import load_row_state
 @triton.jit
 def _piece_marks_kernel(
     sorted_rows_ptr, class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr,
-    WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr,
+    class_piece_pos_ptr, class_multi_pos_ptr, WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Marks, per position q up to the end of the valid ids (``end``, the last class's
     bound; sentinel ids lie after it): a piece starts at q when q is a head, a grid point
@@ -50,7 +50,10 @@ def _piece_marks_kernel(
     point. WRITE False: each program counts its block's marks of both kinds (pieces at
     ``counts_ptr[block]``, multi runs at ``counts_ptr[blocks + block]``); True: writes them
     at the running totals (then the inclusive sums over that one vector: a single 1-D scan,
-    the multi runs' totals offset by all the pieces)."""
+    the multi runs' totals offset by all the pieces), and, for each class bound c (the
+    classes' first positions and ``end``) in its block, the pieces and multi runs before c: where the class's pieces and multi runs
+    begin in the lists (``class_piece_pos``, ``class_multi_pos``). Nothing reads the lists
+    past ``end``'s piece, so they need no filling."""
     block = tl.program_id(0)
     q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     end = tl.load(class_pos_ptr + num_classes)
@@ -70,6 +73,13 @@ def _piece_marks_kernel(
         multi_base = tl.load(counts_ptr + blocks + block - 1) - tl.load(counts_ptr + blocks - 1)
         tl.store(piece_starts_ptr + piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks, q, mask=piece)
         tl.store(multi_heads_ptr + multi_base + tl.cumsum(multi_marks, axis=0) - multi_marks, q, mask=multi)
+        first_q = block.to(tl.int64) * BLOCK
+        for k in range(0, num_classes + 1):  # the few bounds; only their blocks sum
+            bound = tl.load(class_pos_ptr + k)
+            if (bound >= first_q) & (bound < first_q + BLOCK):
+                before = q < bound
+                tl.store(class_piece_pos_ptr + k, piece_base + tl.sum(tl.where(before, piece_marks, 0), axis=0))
+                tl.store(class_multi_pos_ptr + k, multi_base + tl.sum(tl.where(before, multi_marks, 0), axis=0))
     else:
         tl.store(counts_ptr + block, tl.sum(piece_marks, axis=0))
         tl.store(counts_ptr + blocks + block, tl.sum(multi_marks, axis=0))

@@ -429,19 +429,16 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
     # at ctr-mix's 22k blocks, H200, e45a0a4).
     counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
-    # Pieces: at most a head per id, a grid point per cell, and the end; the entries past
-    # the count stay above every position, so that searchsorted finds the classes' pieces.
-    unset = torch.iinfo(torch.int64).max
-    piece_starts = torch.full((N + cells + 1,), unset, dtype=torch.int64, device=device)
-    multi_heads = torch.full((cells + 1,), unset, dtype=torch.int64, device=device)
-    lists = (piece_starts, multi_heads)
-    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, counts, *lists, WRITE=False, PIECE=piece,
-                                   BLOCK=MARKS_BLOCK)  # fmt: skip
+    # Pieces: at most a head per id, a grid point per cell, and the end.
+    piece_starts = torch.empty(N + cells + 1, dtype=torch.int64, device=device)
+    multi_heads = torch.empty(cells + 1, dtype=torch.int64, device=device)
+    class_piece_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
+    class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
+    lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
+    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK)
+    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, counts, *lists, WRITE=False, **marks)
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
-    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, totals, *lists, WRITE=True, PIECE=piece,
-                                   BLOCK=MARKS_BLOCK)  # fmt: skip
-    class_piece_pos = torch.searchsorted(piece_starts, class_pos)
-    class_multi_pos = torch.searchsorted(multi_heads, class_pos)
+    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, totals, *lists, WRITE=True, **marks)
     stride = max(c.block_d for c in per_class)
     cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
     levels = [triton.cdiv(cells, fan_in**level) + 1 for level in (1, 2)]

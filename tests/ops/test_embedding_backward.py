@@ -566,32 +566,39 @@ def test_piece_marks_list_pieces_and_multi_runs():
     inside a run, and at the end of the valid ids (sentinels after it); a multi run is
     one whose row is still there at the next multiple of 4. Two blocks of 16 positions:
     the counts are one vector (pieces per block, then multi runs per block) whose 1-D
-    running totals place the second block's marks after the first's."""
+    running totals place the second block's marks after the first's; each class bound's
+    block writes how many pieces and multi runs lie before it."""
     from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
+
+    def marks(rows, class_pos):
+        counts = torch.empty(4, dtype=torch.int32)
+        starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
+        piece_pos, multi_pos = (torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(2))
+        args = (rows, class_pos, len(class_pos) - 1)
+        lists = (starts, multi, piece_pos, multi_pos)
+        _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, PIECE=4, BLOCK=16)
+        counted = counts.tolist()
+        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, PIECE=4, BLOCK=16)
+        return counted, starts, multi, piece_pos.tolist(), multi_pos.tolist()
 
     sentinel = torch.iinfo(torch.int32).max
     rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],
                         dtype=torch.int32)  # fmt: skip
-    class_pos = torch.tensor([0, 12, 21])
-    counts = torch.empty(4, dtype=torch.int32)
-    starts = torch.full((32,), -1, dtype=torch.int64)
-    multi = torch.full((8,), -1, dtype=torch.int64)
-    _piece_marks_kernel[(2,)](rows, class_pos, 2, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=16)
-    assert counts.tolist() == [6, 5, 2, 0]  # pieces in blocks 0, 1; multi runs in blocks 0, 1
-    _piece_marks_kernel[(2,)](rows, class_pos, 2, counts.cumsum(0, dtype=torch.int32), starts, multi, WRITE=True, PIECE=4, BLOCK=16)
+    counted, starts, multi, piece_pos, multi_pos = marks(rows, torch.tensor([0, 12, 21]))
+    assert counted == [6, 5, 2, 0]  # pieces in blocks 0, 1; multi runs in blocks 0, 1
     assert starts[:12].tolist() == [0, 4, 8, 9, 10, 12, 16, 17, 18, 20, 21, -1]
     assert multi[:3].tolist() == [0, 12, -1]  # row 0 crosses 4 and 8, row 5 crosses 16; row 2 ends at 12
-    # A multi run in the second block lands after the first block's.
+    assert piece_pos == [0, 5, 10] and multi_pos == [0, 1, 2]  # the second class's first piece: 12's
+    # A multi run in the second block lands after the first block's; one class.
     rows2 = torch.tensor([3] * 2 + [4] * 14 + [6] * 6 + [sentinel], dtype=torch.int32)
-    counts = torch.empty(4, dtype=torch.int32)
-    starts.fill_(-1)
-    multi.fill_(-1)
-    _piece_marks_kernel[(2,)](rows2, torch.tensor([0, 22]), 1, counts, starts, multi, WRITE=False, PIECE=4, BLOCK=16)
-    assert counts.tolist() == [5, 3, 1, 1]  # row 4 starts at 2 and crosses 4; row 6 starts at 16 and crosses 20
-    _piece_marks_kernel[(2,)](rows2, torch.tensor([0, 22]), 1, counts.cumsum(0, dtype=torch.int32), starts, multi,
-                              WRITE=True, PIECE=4, BLOCK=16)  # fmt: skip
+    counted, starts, multi, piece_pos, multi_pos = marks(rows2, torch.tensor([0, 22]))
+    assert counted == [5, 3, 1, 1]  # row 4 starts at 2 and crosses 4; row 6 starts at 16 and crosses 20
     assert starts[:9].tolist() == [0, 2, 4, 8, 12, 16, 20, 22, -1]
     assert multi[:3].tolist() == [2, 16, -1]
+    assert piece_pos == [0, 7] and multi_pos == [0, 2]
+    # An empty class between two others: its bounds are the next class's first position.
+    counted, starts, multi, piece_pos, multi_pos = marks(rows, torch.tensor([0, 12, 12, 21]))
+    assert piece_pos == [0, 5, 5, 10] and multi_pos == [0, 1, 1, 2]
 
 
 @pytest.mark.gpu

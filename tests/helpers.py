@@ -65,3 +65,11 @@ def assert_tbe_close(
         own_error = (lowp_reference.float() - expected.float()).abs().max().item()
         atol = max(atol, 2 * own_error + atol)
     torch.testing.assert_close(actual.cpu(), expected.cpu(), atol=atol, rtol=rtol)
+
+
+def assert_bitwise_equal(a, b) -> None:
+    """Two TBE modules hold the same tables and optimizer states, bit for bit."""
+    assert torch.equal(a.weights, b.weights)
+    for states_a, states_b in zip(a.split_optimizer_states(), b.split_optimizer_states()):
+        for x, y in zip(states_a, states_b):
+            assert torch.equal(x, y)

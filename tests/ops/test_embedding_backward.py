@@ -14,7 +14,7 @@ import torch
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.reference import aggregate_row_gradients, optimizer_step_reference
-from tests.helpers import make_bags
+from tests.helpers import assert_bitwise_equal, make_bags
 
 OPTIMIZERS = ["EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB"]
 ROWWISE_STATE = {"EXACT_ROWWISE_ADAGRAD": ("row",), "PARTIAL_ROWWISE_ADAM": ("element", "row")}
@@ -507,13 +507,6 @@ def step_both_designs(optimizer, dtype=torch.float32, specs=SPECS, ftm=FEATURE_T
         out.backward(dyadic(out.shape, seed).to(out.dtype))
         modules.append(emb)
     return modules
-
-
-def assert_bitwise_equal(a, b):
-    assert torch.equal(a.weights, b.weights)
-    for states_a, states_b in zip(a.split_optimizer_states(), b.split_optimizer_states()):
-        for x, y in zip(states_a, states_b):
-            assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,8 @@ CANDIDATES = {
     "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
     # The default's kernels, batches of up to 2**20 ids as captured CUDA graphs (ops.backward_graphs).
     "graphs": _launch(graph_max_ids=1 << 20),
+    # Per-piece records written by the marks kernel: one round of dependent loads less a round.
+    "records": _launch(piece_records=True),
 }
 
 

@@ -127,6 +127,11 @@ class RunsLaunch:
     sums of 8 partials a load exceed 512 elements a warp, up to max_loop_warps)."""
     piece_unroll: int = 4
     """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
+    piece_records: bool = False
+    """``pieces``: the marks kernel stores beside each piece what the pieces kernel needs of
+    it (row, flags, row start, D, first gradient row), so that a round of pieces waits on
+    one round of contiguous loads before its gathers instead of two (the piece list, then
+    the ids and their neighbours); ~33 more bytes a piece."""
     graph_max_ids: int = 0
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel

@@ -41,8 +41,11 @@ from tbe_plugin.ops.optimizers import load_row_state
 
 @triton.jit
 def _piece_marks_kernel(
-    sorted_rows_ptr, class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr,
-    class_piece_pos_ptr, class_multi_pos_ptr, WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr,
+    sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
+    class_multi_pos_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
+    piece_scale_ptr,
+    WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr, RECORDS: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Marks, per position q up to the end of the valid ids (``end``, the last class's
     bound; sentinel ids lie after it): a piece starts at q when q is a head, a grid point
@@ -51,9 +54,13 @@ def _piece_marks_kernel(
     ``counts_ptr[block]``, multi runs at ``counts_ptr[blocks + block]``); True: writes them
     at the running totals (then the inclusive sums over that one vector: a single 1-D scan,
     the multi runs' totals offset by all the pieces), and, for each class bound c (the
-    classes' first positions and ``end``) in its block, the pieces and multi runs before c: where the class's pieces and multi runs
-    begin in the lists (``class_piece_pos``, ``class_multi_pos``). Nothing reads the lists
-    past ``end``'s piece, so they need no filling."""
+    classes' first positions and ``end``) in its block, the pieces and multi runs before c:
+    where the class's pieces and multi runs begin in the lists (``class_piece_pos``,
+    ``class_multi_pos``). Nothing reads the lists past ``end``'s piece, so they need no
+    filling. RECORDS: beside each piece's start, what the pieces kernel needs of it (row,
+    head and whole flags, the row's start in the weights, D, the first id's gradient row
+    and factor), stored at the piece's index: read there contiguously, one round of
+    dependent loads before the gathers instead of two."""
     block = tl.program_id(0)
     q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     end = tl.load(class_pos_ptr + num_classes)
@@ -71,7 +78,19 @@ def _piece_marks_kernel(
     if WRITE:
         piece_base = tl.load(counts_ptr + block - 1, mask=block > 0, other=0)
         multi_base = tl.load(counts_ptr + blocks + block - 1) - tl.load(counts_ptr + blocks - 1)
-        tl.store(piece_starts_ptr + piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks, q, mask=piece)
+        piece_index = piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks
+        tl.store(piece_starts_ptr + piece_index, q, mask=piece)
+        if RECORDS:
+            real = piece & inside
+            flags = head.to(tl.int8) + 2 * (head & ~multi).to(tl.int8)  # 1: a run's head, 2: the whole run
+            tl.store(piece_row_ptr + piece_index, row, mask=real)
+            tl.store(piece_flags_ptr + piece_index, flags, mask=real)
+            tl.store(piece_w_start_ptr + piece_index, tl.load(sorted_w_start_ptr + q, mask=real, other=0), mask=real)
+            tl.store(piece_dim_ptr + piece_index, tl.load(sorted_dim_ptr + q, mask=real, other=0), mask=real)
+            tl.store(piece_grad_offset_ptr + piece_index, tl.load(sorted_grad_offset_ptr + q, mask=real, other=0),
+                     mask=real)  # fmt: skip
+            if SCALED:
+                tl.store(piece_scale_ptr + piece_index, tl.load(sorted_scale_ptr + q, mask=real, other=1.0), mask=real)
         tl.store(multi_heads_ptr + multi_base + tl.cumsum(multi_marks, axis=0) - multi_marks, q, mask=multi)
         first_q = block.to(tl.int64) * BLOCK
         for k in range(0, num_classes + 1):  # the few bounds; only their blocks sum
@@ -88,32 +107,47 @@ def _piece_marks_kernel(
 @triton.jit
 def _piece_operands(
     piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr,
+    piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr,
+    i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr, RECORDS: tl.constexpr,
 ):  # fmt: skip
-    """What pieces ``i`` need before their gathers: bounds, row, its neighbours (is the
-    piece a head, a whole run), D, where the row starts in the weights, and the first id's
-    gradient row and factor. Two rounds of dependent loads (the piece list, then the ids)."""
+    """What pieces ``i`` need before their gathers: bounds, row, whether the piece is a
+    run's head and the whole run, D, where the row starts in the weights, and the first
+    id's gradient row and factor. RECORDS: one round of contiguous loads (the marks
+    kernel's records); otherwise two (the piece list, then the ids and their neighbours)."""
     live = i < last
     start = tl.load(piece_starts_ptr + i, mask=live, other=0)
     stop = tl.load(piece_starts_ptr + i + 1, mask=live, other=0)
-    row = tl.load(sorted_rows_ptr + start, mask=live, other=-1)
-    prev = tl.load(sorted_rows_ptr + start - 1, mask=live & (start > 0), other=-2)
-    after = tl.load(sorted_rows_ptr + stop, mask=live & (stop < num_indices), other=-2)
-    dim = tl.load(sorted_dim_ptr + start, mask=live, other=0)
-    w_start = tl.load(sorted_w_start_ptr + start, mask=live, other=0) // ALIGN * ALIGN
-    g_first = tl.load(sorted_grad_offset_ptr + start, mask=live, other=0)
-    s_first = tl.load(sorted_scale_ptr + start, mask=live & SCALED, other=1.0)
-    return live, start, stop, row, prev, after, dim, w_start, g_first, s_first
+    if RECORDS:
+        row = tl.load(piece_row_ptr + i, mask=live, other=-1)
+        flags = tl.load(piece_flags_ptr + i, mask=live, other=0)
+        head = (flags & 1) != 0
+        whole = live & ((flags & 2) != 0)
+        dim = tl.load(piece_dim_ptr + i, mask=live, other=0)
+        w_start = tl.load(piece_w_start_ptr + i, mask=live, other=0) // ALIGN * ALIGN
+        g_first = tl.load(piece_grad_offset_ptr + i, mask=live, other=0)
+        s_first = tl.load(piece_scale_ptr + i, mask=live & SCALED, other=1.0)
+    else:
+        row = tl.load(sorted_rows_ptr + start, mask=live, other=-1)
+        prev = tl.load(sorted_rows_ptr + start - 1, mask=live & (start > 0), other=-2)
+        after = tl.load(sorted_rows_ptr + stop, mask=live & (stop < num_indices), other=-2)
+        head = row != prev
+        whole = live & head & (after != row)
+        dim = tl.load(sorted_dim_ptr + start, mask=live, other=0)
+        w_start = tl.load(sorted_w_start_ptr + start, mask=live, other=0) // ALIGN * ALIGN
+        g_first = tl.load(sorted_grad_offset_ptr + start, mask=live, other=0)
+        s_first = tl.load(sorted_scale_ptr + start, mask=live & SCALED, other=1.0)
+    return live, start, stop, row, head, whole, dim, w_start, g_first, s_first
 
 
 @triton.jit
 def _pieces_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, piece_starts_ptr, class_piece_pos_ptr, cell_sums_ptr, head_slots,
-    klass, slot_stride, num_indices, step_ptr, hyper_ptr,
+    klass, slot_stride, num_indices, step_ptr, hyper_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr,
+    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
-    RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr,
+    RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL gathers issued at
@@ -124,12 +158,11 @@ def _pieces_kernel(
     lane = tl.arange(0, RUNS)
     cols = tl.arange(0, BLOCK_D)
     for base in tl.range(first + tl.program_id(0) * RUNS, last, tl.num_programs(0) * RUNS, num_stages=1):
-        live, start, stop, row, prev, after, dim, w_start, g_first, s_first = _piece_operands(
+        live, start, stop, row, head, whole, dim, w_start, g_first, s_first = _piece_operands(
             piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
-            sorted_scale_ptr, base + lane, last, num_indices, SCALED, ALIGN,
+            sorted_scale_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
+            piece_scale_ptr, base + lane, last, num_indices, SCALED, ALIGN, RECORDS,
         )  # fmt: skip
-        head = row != prev
-        whole = live & head & (after != row)
         row_mask = live[:, None] & (cols[None, :] < dim[:, None])
         w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
         w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,

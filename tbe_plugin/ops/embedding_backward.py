@@ -412,6 +412,23 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
 
 
 MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
+MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
+
+
+def _piece_records(sorted_operands, most_pieces: int, scaled: bool):
+    """Per piece (``RunsLaunch.piece_records``): its row, flags, the row's start in the
+    weights, D, its first id's gradient row and factor; ~33 bytes a piece (upper bound:
+    an id's worth of pieces plus a cell's)."""
+    sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale = sorted_operands
+    device = sorted_rows.device
+    return (
+        torch.empty(most_pieces, dtype=sorted_rows.dtype, device=device),
+        torch.empty(most_pieces, dtype=torch.int8, device=device),
+        torch.empty(most_pieces, dtype=torch.int64, device=device),
+        torch.empty(most_pieces, dtype=torch.int32, device=device),
+        torch.empty(most_pieces, dtype=torch.int64, device=device),
+        torch.empty(most_pieces if scaled else 1, dtype=torch.float32, device=device),
+    )
 
 
 def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
@@ -435,10 +452,13 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     class_piece_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
-    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK)
-    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, counts, *lists, WRITE=False, **marks)
+    records = _piece_records(sorted_operands, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
+    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, num_warps=MARKS_WARPS)
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, WRITE=False,
+                                   **marks)  # fmt: skip
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
-    _piece_marks_kernel[(blocks,)](sorted_rows, class_pos, num_classes, totals, *lists, WRITE=True, **marks)
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, WRITE=True,
+                                   **marks)  # fmt: skip
     stride = max(c.block_d for c in per_class)
     cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
     levels = [triton.cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
@@ -453,9 +473,9 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
             grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, hyper,
+            stride, N, step, hyper, *records,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, num_warps=sizes.piece_warps, **modes,
+            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, num_warps=sizes.piece_warps, **modes,
         )  # fmt: skip
         if N <= piece:
             continue  # no run crosses a grid point

@@ -468,11 +468,13 @@ PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, 
                     piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
 
 
-def test_pieces_hot_rows_across_cells_groups_and_supergroups():
+@pytest.mark.parametrize("records", [False, True], ids=["plain", "records"])
+def test_pieces_hot_rows_across_cells_groups_and_supergroups(records):
     """One row in most lookups (its run crosses many cells, groups and supergroups),
-    the others' runs shorter, longer and exactly as long as a cell, starting anywhere."""
+    the others' runs shorter, longer and exactly as long as a cell, starting anywhere;
+    with and without the per-piece records."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    emb.backward_launch = PIECES
+    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
 
 
@@ -527,13 +529,15 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-def test_pieces_deterministic_with_inexact_sums():
+@pytest.mark.parametrize("second", ["same", "records"])
+def test_pieces_deterministic_with_inexact_sums(second):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
-    bit (every sum in a fixed order)."""
+    bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
+    records (``piece_records``: the same operands, read from the records)."""
     results = []
-    for _ in range(2):
-        emb = build("PARTIAL_ROWWISE_ADAM", learning_rate=0.05)
-        emb.backward_launch = PIECES
+    for launch in (PIECES, dataclasses.replace(PIECES, piece_records=second == "records")):
+        emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
+        emb.backward_launch = launch
         rows = [emb.table_rows[t] for t in emb.feature_table_map]
         indices, offsets = make_bags(rows, B=6, max_len=10, seed=3, hot_fraction=0.8)
         out = emb(indices, offsets)
@@ -560,18 +564,29 @@ def test_piece_marks_list_pieces_and_multi_runs():
     one whose row is still there at the next multiple of 4. Two blocks of 16 positions:
     the counts are one vector (pieces per block, then multi runs per block) whose 1-D
     running totals place the second block's marks after the first's; each class bound's
-    block writes how many pieces and multi runs lie before it."""
+    block writes how many pieces and multi runs lie before it; the per-piece records hold
+    each piece's row, flags (1: a run's head, 2: the whole run) and first id's operands."""
     from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
 
+    records = None
+
     def marks(rows, class_pos):
+        nonlocal records
+        n = rows.numel()
+        operands = (rows, torch.arange(n) * 10, torch.full((n,), 4, dtype=torch.int32), torch.arange(n) * 100,
+                    torch.arange(n, dtype=torch.float32))  # fmt: skip
         counts = torch.empty(4, dtype=torch.int32)
         starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
         piece_pos, multi_pos = (torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(2))
-        args = (rows, class_pos, len(class_pos) - 1)
-        lists = (starts, multi, piece_pos, multi_pos)
-        _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, PIECE=4, BLOCK=16)
+        records = (torch.full((32,), -1, dtype=rows.dtype), torch.full((32,), -1, dtype=torch.int8),
+                   torch.full((32,), -1), torch.full((32,), -1, dtype=torch.int32), torch.full((32,), -1),
+                   torch.full((32,), -1.0))  # fmt: skip
+        args = (*operands, class_pos, len(class_pos) - 1)
+        lists = (starts, multi, piece_pos, multi_pos, *records)
+        flags = dict(PIECE=4, BLOCK=16, RECORDS=True, SCALED=True)
+        _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
         counted = counts.tolist()
-        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, PIECE=4, BLOCK=16)
+        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, **flags)
         return counted, starts, multi, piece_pos.tolist(), multi_pos.tolist()
 
     sentinel = torch.iinfo(torch.int32).max
@@ -582,6 +597,11 @@ def test_piece_marks_list_pieces_and_multi_runs():
     assert starts[:12].tolist() == [0, 4, 8, 9, 10, 12, 16, 17, 18, 20, 21, -1]
     assert multi[:3].tolist() == [0, 12, -1]  # row 0 crosses 4 and 8, row 5 crosses 16; row 2 ends at 12
     assert piece_pos == [0, 5, 10] and multi_pos == [0, 1, 2]  # the second class's first piece: 12's
+    row, flag, w_start, dim, grad_offset, scale = (r[:10].tolist() for r in records)
+    assert row == [0, 0, 0, 1, 2, 5, 5, 7, 8, 9] and flag == [1, 0, 0, 3, 3, 1, 0, 3, 3, 3]
+    piece_first = starts[:10]
+    assert w_start == (piece_first * 10).tolist() and grad_offset == (piece_first * 100).tolist()
+    assert dim == [4] * 10 and scale == piece_first.float().tolist()
     # A multi run in the second block lands after the first block's; one class.
     rows2 = torch.tensor([3] * 2 + [4] * 14 + [6] * 6 + [sentinel], dtype=torch.int32)
     counted, starts, multi, piece_pos, multi_pos = marks(rows2, torch.tensor([0, 22]))

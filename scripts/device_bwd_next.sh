@@ -32,7 +32,7 @@ echo "=== gpu tests $(date +%T)"
   tests/test_fbgemm_parity.py 2>&1 | tee "$OUT/gpu_bwd_tests.log" | tail -15
 
 echo "=== profile $(date +%T)"
-CANDIDATES=${CANDIDATES:-default,graphs,auto}
+CANDIDATES=${CANDIDATES:-default,records,graphs,auto}
 CONFIGS=${CONFIGS:-ctr-mix,wide-d512-fp16,long-bags,zipf1.15,b8192,user-id,fbgemm-standard}
 timeout 230 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
   --candidates "$CANDIDATES" --iters 5 2>&1 | grep -v "no entry for\|compatibility" | tee "$OUT/profile.log" | tail -40

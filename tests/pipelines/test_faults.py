@@ -141,8 +141,8 @@ def test_data_that_appears_later_resumes_under_the_supervisor(tmp_path):
     writer.start()
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-              "pipelines.train", *SHORT, *_criteo_job(days, run_dir / "ck")]  # fmt: skip
-    command = [sys.executable, "-m", "pipelines.supervise", "--poll-seconds", "0.5", "--poll-max-seconds", "1",
+              "pipelines.app.train", *SHORT, *_criteo_job(days, run_dir / "ck")]  # fmt: skip
+    command = [sys.executable, "-m", "pipelines.app.supervise", "--poll-seconds", "0.5", "--poll-max-seconds", "1",
                "--log", str(run_dir / "supervise.jsonl"), "--", *launch]  # fmt: skip
     result = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True, timeout=900)
     writer.join(timeout=5)

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -30,28 +29,9 @@ from pipelines.holds import (
 )  # fmt: skip
 from pipelines.metrics import MetricsLog, binary_quality, phase_times
 from tbe_plugin.benchmarks.report import git_state
+from tbe_plugin.torchrec.process_group import init_process_group
 
 register()
-
-
-def _init_distributed() -> Tuple[int, int, torch.device]:
-    """Rank, world size and device, from torchrun's environment (or one local process)."""
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    return rank, world_size, device
 
 
 def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None,
@@ -567,7 +547,7 @@ def main(raw_cfg: Any) -> None:
 
     cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
-    rank = _init_distributed()[0]
+    rank = init_process_group()[0]
     run_dir, code = _run_dir(), 0
     if rank == 0:
         clear_hold(run_dir)  # an earlier launch's: this one is running

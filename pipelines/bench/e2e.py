@@ -302,9 +302,9 @@ def write_results(results: Dict[str, Any], out: str) -> None:
 def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from pipelines.app.train import _init_distributed
+    from tbe_plugin.torchrec.process_group import init_process_group
 
-    rank, world_size, device = _init_distributed()
+    rank, world_size, device = init_process_group()
     if args.smoke:
         tables = smoke_tables(args.dim)
     else:

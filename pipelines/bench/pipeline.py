@@ -345,9 +345,10 @@ RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "plain2": PlainLoo
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from pipelines.app.train import _init_distributed, build_model
+    from pipelines.app.train import build_model
+    from tbe_plugin.torchrec.process_group import init_process_group
 
-    rank, world_size, device = _init_distributed()
+    rank, world_size, device = init_process_group()
     environment = versions(device)
     results: Dict[str, Any] = {"world_size": world_size, "batch_size_per_rank": args.batch_size, "rows": args.rows,
                                "dim": args.dim, "zipf": args.zipf, "steps": args.steps, "warmup": args.warmup,

@@ -42,7 +42,7 @@ test-fast: $(STAMP)
 # The main job: DLRM on the embedded synthetic click log, 2 CPU processes (gloo), backend=triton
 # (Triton's interpreter on CPU), 200 steps, AUC / log loss, checkpoints in ./checkpoints. Overrides: ARGS=...
 train: $(STAMP)
-	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.train backend=triton checkpoint=periodic $(ARGS)
+	TRITON_INTERPRET=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 -m pipelines.app.train backend=triton checkpoint=periodic $(ARGS)
 
 # The A/B report (backend=fbgemm vs backend=triton, each twice, interleaved) on the tiny default,
 # one process per run (Triton's interpreter is slow): ab-report/report.md.

@@ -24,6 +24,8 @@ import signal
 import warnings
 from typing import Any, List, Optional, Tuple
 
+from pipelines.errors import ConfigError
+
 INCOMPLETE_SUFFIX = ".incomplete"
 TRAIN_STATE_FILE = "train_state.json"
 DCP_METADATA_FILE = ".metadata"
@@ -170,8 +172,6 @@ class CheckpointStore:
         """Fills ``state`` from the checkpoint at ``path``; returns its step and this rank's
         data position."""
         import torch.distributed.checkpoint as dcp
-
-        from pipelines.config import ConfigError
 
         with open(os.path.join(path, TRAIN_STATE_FILE)) as f:
             recorded = json.load(f)

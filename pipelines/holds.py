@@ -1,5 +1,5 @@
 """Holds: how the training job stops when going on would waste its accelerators, and tells
-whoever launched it why (``pipelines.supervise`` reads it).
+whoever launched it why (``pipelines.app.supervise`` reads it).
 
 A hold is ``HOLD.json`` in the run directory (the job's working directory, Hydra's run dir
 here) and an exit code:
@@ -15,7 +15,8 @@ here) and an exit code:
 
 Also here: the one per-step host collective that makes every rank agree on stopping
 (``StepSignals``) and the device-side checks of the loss and state (``HealthMonitor``),
-which sync the host only when they are read. Imports torch only (no TorchRec, no app).
+which sync the host only when they are read. Imports torch and ``pipelines.errors`` only (no
+TorchRec, no app).
 """
 
 import dataclasses
@@ -26,6 +27,8 @@ import traceback
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
+
+from pipelines.errors import ConfigError
 
 HOLD_FILE = "HOLD.json"
 EXIT_ERROR_HOLD = 3
@@ -103,13 +106,12 @@ def clear_hold(run_dir: str) -> None:
 def _permanent_error_types() -> Tuple[Tuple[type, str], ...]:
     """Exception types that retrying the same job cannot fix, with the hold's reason; the
     libraries that define some of them are probed, not assumed."""
-    found: List[Tuple[type, str]] = [(torch.OutOfMemoryError, "out_of_memory")]
+    found: List[Tuple[type, str]] = [(torch.OutOfMemoryError, "out_of_memory"), (ConfigError, "bad_config")]
     probes = [
         ("triton.compiler.errors", "CompilationError", "compile_failure"),
         ("triton.runtime.errors", "OutOfResources", "compile_failure"),  # a launch that cannot fit the SM
         ("triton.runtime.errors", "PTXASError", "compile_failure"),
         ("torch._dynamo.exc", "BackendCompilerFailed", "compile_failure"),
-        ("pipelines.config", "ConfigError", "bad_config"),
         ("torchrec.distributed.planner.types", "PlannerError", "bad_config"),  # a table no kernel can serve
     ]
     import importlib

@@ -3,7 +3,7 @@ job starts from (exactly, without replaying the stream), and whether the next ba
 there yet.
 
 A source gives ``(batch, position after it)`` pairs from a position (``batches_from`` in
-``pipelines.data``); positions are JSON values. A source that is not ready raises
+``pipelines.app.data``); positions are JSON values. A source that is not ready raises
 ``DataNotReady`` naming the paths it waits for. ``PositionedBatches`` is the training
 loop's iterator over such pairs. Imports nothing from the app.
 """

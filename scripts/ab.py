@@ -2,7 +2,7 @@
 
     python scripts/ab.py [--out DIR] [--nproc N] [--repeats R] [--skip S] [--profile-steps P] [-- overrides...]
 
-Runs ``pipelines.train`` under torchrun R times per backend (at least 2), interleaved
+Runs ``pipelines.app.train`` under torchrun R times per backend (at least 2), interleaved
 A B B A (then A B again, ...), with the same seed and overrides and no checkpoints, each in
 DIR/runN_<backend>/ with its metrics file; then writes DIR/report.md, DIR/summary.json and
 PNG plots:
@@ -56,7 +56,7 @@ def run_training(name: str, backend: str, out: Path, nproc: int, overrides: List
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics = run_dir / "metrics.jsonl"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "pipelines.train", f"backend={backend}", f"logging.metrics_file={metrics}",
+               "-m", "pipelines.app.train", f"backend={backend}", f"logging.metrics_file={metrics}",
                "logging.progress_bar=false", "checkpoint=none", f"logging.tensorboard_dir={run_dir / 'tensorboard'}",
                *overrides]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

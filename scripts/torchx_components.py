@@ -7,7 +7,7 @@ e.g. ``torchx run -s slurm scripts/torchx_components.py:train --nnodes 4 --nproc
 --gpu 8 -- experiment=ab_triton_stale1``.
 
 The job exits 3 on a permanent-error hold and 4 on a data hold (``HOLD.json`` in its
-working directory says why): torchrun is run under ``python -m pipelines.supervise
+working directory says why): torchrun is run under ``python -m pipelines.app.supervise
 --once``, which passes those codes through (torchrun alone exits 1 for both), so a
 scheduler's retry policy can tell them from a crash.
 """
@@ -26,7 +26,7 @@ def train(
     image: str = "ghcr.io/pytorch/torchx:0.7.0",
     rdzv_port: int = 29500,
 ) -> specs.AppDef:
-    """``python -m pipelines.train`` under torchrun, with Hydra overrides.
+    """``python -m pipelines.app.train`` under torchrun, with Hydra overrides.
 
     Args:
         overrides: Hydra overrides for the training app, e.g. backend=triton pipeline.staleness=1
@@ -40,11 +40,11 @@ def train(
     """
     env = {} if gpu > 0 else {"TRITON_INTERPRET": "1"}
     app = dist.ddp(
-        *overrides, m="pipelines.train", j=f"{nnodes}x{nproc_per_node}", gpu=gpu, cpu=cpu, memMB=memMB,
+        *overrides, m="pipelines.app.train", j=f"{nnodes}x{nproc_per_node}", gpu=gpu, cpu=cpu, memMB=memMB,
         image=image, name="tbe-train", env=env, rdzv_port=rdzv_port,
     )  # fmt: skip
     role = app.roles[0]
     if role.entrypoint != "bash" or role.args[:1] != ["-c"]:  # torchx's layout, probed: it may change
         raise RuntimeError(f"torchx dist.ddp gave entrypoint {role.entrypoint!r} {role.args[:1]}, expected bash -c")
-    role.args = ["-c", f"python -m pipelines.supervise --once -- {role.args[1]}"]
+    role.args = ["-c", f"python -m pipelines.app.supervise --once -- {role.args[1]}"]
     return app

@@ -14,6 +14,6 @@ cd "${RUN_DIR:-$ROOT}"
 if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   export TRITON_INTERPRET=1
 fi
-exec python3 -m pipelines.supervise --once -- torchrun --nnodes "${NNODES:-1}" --nproc_per_node "${NPROC_PER_NODE:-2}" \
+exec python3 -m pipelines.app.supervise --once -- torchrun --nnodes "${NNODES:-1}" --nproc_per_node "${NPROC_PER_NODE:-2}" \
   --node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-localhost}" --master_port "${MASTER_PORT:-29500}" \
-  -m pipelines.train "$@"
+  -m pipelines.app.train "$@"

@@ -12,7 +12,7 @@ def compose(*overrides):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from pipelines.config import register, validate
+    from pipelines.app.config import register, validate
 
     register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -20,7 +20,7 @@ def compose(*overrides):
 
 
 def test_default_config():
-    from pipelines.config import TrainConfig
+    from pipelines.app.config import TrainConfig
 
     cfg = compose()
     assert isinstance(cfg, TrainConfig)

@@ -53,7 +53,7 @@ def app_raw_log(sig: Any):
 
 class SigBatches:
     """Batches for one rank from SIG; ``sig`` is the app's ``data.sig`` config (see
-    ``pipelines.config.SigDataConfig``), ``stream`` 0 training, 1 evaluation."""
+    ``pipelines.app.config.SigDataConfig``), ``stream`` 0 training, 1 evaluation."""
 
     def __init__(
         self, sig: Any, graph: TransformGraph, batch_size: int, rank: int = 0, world_size: int = 1, stream: int = 0,

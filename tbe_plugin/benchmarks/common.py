@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-# Re-exported: the benchmarks, pipelines.benchmark and scripts import these from here.
+# Re-exported: the benchmarks, pipelines.bench.pipeline and scripts import these from here.
 from tbe_plugin.benchmarks.report import (  # noqa: F401
     SKEW_LEGEND, geomean, geomeans, git_state, markdown_table, production_names, report_header, skew_cells,
     write_report,

@@ -10,7 +10,6 @@ events, medians. Writes DIR/sharded.json and DIR/sharded.md.
 """
 
 import argparse
-import os
 import sys
 
 import torch
@@ -104,30 +103,18 @@ def step(dmp, kjt):
     dmp(kjt).values().sum().backward()
 
 
-def init_process_group(device) -> None:
-    """World size 1 (the benchmark's unit: one GPU), nccl on CUDA and gloo on the CPU."""
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = benchmark_device(args.smoke)
     silence_fbgemm_logging()
     import torch.distributed as dist
 
+    from tbe_plugin.torchrec.process_group import init_process_group
+
     if not dist.is_initialized():
-        init_process_group(device)
+        # World size 1: the benchmark's unit is one GPU (or, in smoke mode, the CPU).
+        if init_process_group(device.type)[1] != 1:
+            raise SystemExit("the sharded benchmark runs in one process; start it without torchrun")
     models = {backend: shard(backend, args, device) for backend in BACKENDS}
     models["triton"].load_state_dict(models["fbgemm"].state_dict())
     batches = make_batches(args, device)

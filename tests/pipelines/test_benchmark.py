@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from pipelines.benchmark import stream_summary
+from pipelines.bench.pipeline import stream_summary
 
 
 def test_stream_summary_counts_busy_and_overlapping_time(tmp_path):
@@ -27,7 +27,7 @@ def test_tiny_run_on_cpu(tmp_path):
     """fbgemm on CPU (gloo, world size 1): every mode runs, our k = 0 trains exactly as the
     plain loop, the report is written."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "pipelines.benchmark", "--balances", "balanced", "--backends", "fbgemm",
+    command = [sys.executable, "-m", "pipelines.bench.pipeline", "--balances", "balanced", "--backends", "fbgemm",
                "--modes", "plain,stale0,stale1,sparse_only,dense_only,concurrent", "--batch-size", "16",
                "--rows", "300", "--dim", "16", "--steps", "2", "--warmup", "1", "--distinct-batches", "2",
                "--out", str(out)]
@@ -51,7 +51,7 @@ def test_tiny_run_on_cpu(tmp_path):
 
 
 def test_scaling_report_computes_efficiency(tmp_path):
-    from pipelines.benchmark import scaling_report
+    from pipelines.bench.pipeline import scaling_report
 
     def result(world_size, ms):
         return {"world_size": world_size, "batch_size_per_rank": 1000, "rows": 10,

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch.autograd.profiler_util import Kernel
 
-from pipelines.benchmark_e2e import (
+from pipelines.app.config import ConfigError, DataConfig, TableSpec, TablesConfig
+from pipelines.app.data import WorkloadClickLog, rows_per_table
+from pipelines.bench.e2e import (
     DENSE, GROUPS, OTHER, TBE_BACKWARD, TBE_FORWARD, UNATTRIBUTED_TBE, kernel_breakdown, kernel_group, kernel_records,
 )  # fmt: skip
-from pipelines.config import ConfigError, DataConfig, TableSpec, TablesConfig
-from pipelines.data import WorkloadClickLog, rows_per_table
 from tbe_plugin.workloads import ctr_tables_dlrm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def _clean_env():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
-    command = [sys.executable, "-m", "pipelines.benchmark_e2e", "--smoke", "--out", str(out)]
+    command = [sys.executable, "-m", "pipelines.bench.e2e", "--smoke", "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "e2e.json").read_text()), (out / "e2e.md").read_text()
@@ -134,7 +134,7 @@ def test_per_table_tables_validate_naming_the_entry():
 def test_ctr_dlrm_config_group_selects_the_workloads_tables():
     from hydra import compose, initialize_config_dir
 
-    from pipelines.config import register, validate
+    from pipelines.app.config import register, validate
 
     register()  # the schemas the YAML groups name
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -166,7 +166,7 @@ def test_workload_click_log_draws_the_workloads_batches():
 
 def test_training_app_trains_per_table_tables(tmp_path):
     tables = "[{rows:300,pooling_factor:3,zipf_alpha:1.1},{rows:50,pooling_factor:1,zipf_alpha:0,bag_lengths:fixed}]"
-    command = [sys.executable, "-m", "pipelines.train", "backend=fbgemm", "steps=6", "eval_batches=2",
+    command = [sys.executable, "-m", "pipelines.app.train", "backend=fbgemm", "steps=6", "eval_batches=2",
                "data.batch_size=32", "logging.progress_bar=false", "tables.num_tables=2", f"tables.per_table={tables}"]
     env = dict(_clean_env(), PYTHONPATH=str(ROOT))
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -19,7 +19,7 @@ def write_criteo(path, lines, seed=0):
 
 
 def test_reader_parses_criteo_lines(tmp_path):
-    from pipelines.data import CriteoTSV
+    from pipelines.app.data import CriteoTSV
 
     path = tmp_path / "day_0.tsv"
     write_criteo(path, 10)
@@ -41,7 +41,7 @@ def test_reader_parses_criteo_lines(tmp_path):
 
 
 def test_bad_line_is_reported(tmp_path):
-    from pipelines.data import CriteoTSV
+    from pipelines.app.data import CriteoTSV
 
     path = tmp_path / "bad.tsv"
     path.write_text("1\t2\t3\n")
@@ -54,9 +54,9 @@ def test_evaluation_reads_the_held_out_files(tmp_path):
     ``criteo_eval_paths`` alone: the first batch of each stream is its own file's first lines."""
     import torch.distributed as dist
 
-    from pipelines.config import DataConfig, TablesConfig, TrainConfig
-    from pipelines.data import CriteoTSV
-    from pipelines.train import data_source
+    from pipelines.app.config import DataConfig, TablesConfig, TrainConfig
+    from pipelines.app.data import CriteoTSV
+    from pipelines.app.train import data_source
 
     train_path, held_out = tmp_path / "day_0.tsv", tmp_path / "day_23.tsv"
     write_criteo(train_path, 8, seed=0)

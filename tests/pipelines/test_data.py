@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pipelines.config import ConfigError, DataConfig, TablesConfig, TrainConfig
-from pipelines.data import PlantedClickLog, SyntheticClickLog
+from pipelines.app.config import ConfigError, DataConfig, TablesConfig, TrainConfig
+from pipelines.app.data import PlantedClickLog, SyntheticClickLog
 from pipelines.metrics import binary_quality
 from tbe_plugin.workloads import table_sampler
 

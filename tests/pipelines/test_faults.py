@@ -7,7 +7,6 @@ what they test is the app, not the kernels."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import time
 
 import pytest
 
+from tbe_plugin.torchrec.process_group import free_port
 from tests.pipelines.test_criteo import write_criteo
 from tests.pipelines.test_train_app import ROOT, SHORT, metrics, run_app
 
@@ -49,12 +49,6 @@ def test_rank_killed_inside_a_save_resumes_from_the_previous_checkpoint(uninterr
     assert sorted(os.listdir(checkpoints)) == ["step_12", "step_4", "step_8"]  # the rerun's own step 8 replaced it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_non_finite_loss_holds_with_exit_code_3(uninterrupted, tmp_path):
     """A dense weight turned NaN after step 5 (scripts/train.sh, as users launch): the NaN
     loss of step 6 is found when the losses are read, before step 8's save; no checkpoint of
@@ -64,7 +58,7 @@ def test_non_finite_loss_holds_with_exit_code_3(uninterrupted, tmp_path):
     checkpoints = tmp_path / "ck"
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT), NPROC_PER_NODE="2",
-               MASTER_PORT=str(_free_port()), RUN_DIR=str(tmp_path), PIPELINES_FAULT_NAN_AT_STEP="5")  # fmt: skip
+               MASTER_PORT=str(free_port()), RUN_DIR=str(tmp_path), PIPELINES_FAULT_NAN_AT_STEP="5")  # fmt: skip
     command = ["bash", str(ROOT / "scripts" / "train.sh"), *SHORT, *PERIODIC, f"checkpoint.dir={checkpoints}"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
@@ -141,8 +135,8 @@ def test_data_that_appears_later_resumes_under_the_supervisor(tmp_path):
     writer.start()
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-              "pipelines.train", *SHORT, *_criteo_job(days, run_dir / "ck")]  # fmt: skip
-    command = [sys.executable, "-m", "pipelines.supervise", "--poll-seconds", "0.5", "--poll-max-seconds", "1",
+              "pipelines.app.train", *SHORT, *_criteo_job(days, run_dir / "ck")]  # fmt: skip
+    command = [sys.executable, "-m", "pipelines.app.supervise", "--poll-seconds", "0.5", "--poll-max-seconds", "1",
                "--log", str(run_dir / "supervise.jsonl"), "--", *launch]  # fmt: skip
     result = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True, timeout=900)
     writer.join(timeout=5)

@@ -41,7 +41,7 @@ TOLERANCE = 1e-4
 def _start(backend: str, workdir: Path, extra: List[str]) -> subprocess.Popen:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     env.pop("RANK", None)  # one local process
-    command = [sys.executable, "-m", "pipelines.train", f"backend={backend}",
+    command = [sys.executable, "-m", "pipelines.app.train", f"backend={backend}",
                f"logging.metrics_file={workdir / 'metrics.jsonl'}", *OVERRIDES, *extra]  # fmt: skip
     return subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

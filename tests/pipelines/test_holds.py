@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
+from pipelines.app.supervise import main as supervise
 from pipelines.checkpoints import DCP_METADATA_FILE, TRAIN_STATE_FILE, list_checkpoints, newest_complete, prune
 from pipelines.checkpoints import skipped_for
 from pipelines.holds import Hold, HealthMonitor, clear_hold, local_tensors, permanent_error_reason, read_hold
-from pipelines.supervise import main as supervise
 
 
 def test_hold_file_round_trip_and_exit_codes(tmp_path):
@@ -34,7 +34,7 @@ def test_hold_file_round_trip_and_exit_codes(tmp_path):
 def test_permanent_errors_are_told_from_transient_ones():
     from triton.runtime.errors import OutOfResources
 
-    from pipelines.config import ConfigError
+    from pipelines.app.config import ConfigError
 
     assert permanent_error_reason(torch.OutOfMemoryError("CUDA out of memory")) == "out_of_memory"
     assert permanent_error_reason(RuntimeError("Triton Error [CUDA]: out of memory")) == "out_of_memory"

@@ -1,4 +1,4 @@
-"""The training app on ``data=sig``, end to end on CPU: ``python -m pipelines.train data=sig``
+"""The training app on ``data=sig``, end to end on CPU: ``python -m pipelines.app.train data=sig``
 trains through an autoscaled pool of reader processes, its readers publish what they computed
 (a later job over the same store hits every stored node without parsing the raw log) and log
 every scaling decision; ``data.sig.readers.backend=ray`` fails while the config is validated,
@@ -24,7 +24,7 @@ def compose(*overrides):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from pipelines.config import register, validate
+    from pipelines.app.config import register, validate
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -35,7 +35,7 @@ def compose(*overrides):
 def app_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("sig_app")
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pipelines.train", *OVERRIDES], cwd=work, env=env,
+    result = subprocess.run([sys.executable, "-m", "pipelines.app.train", *OVERRIDES], cwd=work, env=env,
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("[rank 0] metrics "))
@@ -72,7 +72,7 @@ def test_the_apps_readers_published_for_the_next_job(app_run, monkeypatch):
 
 
 def test_a_ray_backend_fails_validation_naming_the_key():
-    from pipelines.config import ConfigError
+    from pipelines.app.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"data\.sig\.readers\.backend: 'ray'"):
         compose(*OVERRIDES, "data.sig.readers.backend=ray")

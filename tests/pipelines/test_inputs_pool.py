@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipelines.inputs.benchmark import drive_trainer
+from pipelines.bench.inputs import drive_trainer
 from pipelines.inputs.graph import ctr_graph
 from pipelines.inputs.pool import ReaderPool
 from pipelines.inputs.raw import SyntheticRawLog

@@ -9,8 +9,8 @@ from itertools import islice
 import pytest
 import torch
 
-from pipelines.config import DataConfig, TableSpec, TablesConfig
-from pipelines.data import CriteoTSV, SyntheticClickLog, WorkloadClickLog
+from pipelines.app.config import DataConfig, TableSpec, TablesConfig
+from pipelines.app.data import CriteoTSV, SyntheticClickLog, WorkloadClickLog
 from pipelines.resumable import DataNotReady, PositionedBatches
 from tests.pipelines.test_criteo import write_criteo
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipelines.config import SHARDING_PRESETS, ConfigError, ShardingConfig
+from pipelines.app.config import SHARDING_PRESETS, ConfigError, ShardingConfig
 from tests.pipelines.test_train_app import metrics, run_app
 
 
@@ -34,7 +34,7 @@ def test_config_presets_are_the_partitioners():
 
 
 def test_preset_constraints():
-    from pipelines.repartition import preset_constraints
+    from pipelines.app.repartition import preset_constraints
 
     constraints = preset_constraints("grid", ["t0", "t1"])
     assert {t: c.sharding_types for t, c in constraints.items()} == {"t0": ["grid_shard"], "t1": ["grid_shard"]}
@@ -74,7 +74,7 @@ def test_app_logs_the_imbalance_and_saves_statistics(tmp_path, capsys):
 def test_repartition_needs_a_checkpoint_dir():
     from omegaconf import OmegaConf
 
-    from pipelines.config import TrainConfig
+    from pipelines.app.config import TrainConfig
 
     raw = OmegaConf.merge(OmegaConf.structured(TrainConfig),
                           {"sharding": {"statistics_every": 1, "repartition_every": 4}})  # fmt: skip
@@ -180,7 +180,7 @@ def test_a_resume_takes_the_plan_of_the_last_reshard_before_its_checkpoint(tmp_p
     for checkpoints after N. The JSON round trip keeps every shard's place."""
     from torchrec.distributed.types import ShardingPlan
 
-    from pipelines.repartition import plan_of_checkpoint, plan_summary, record_plan
+    from pipelines.app.repartition import plan_of_checkpoint, plan_summary, record_plan
     from tbe_plugin.torchrec.cost import shards_of_plan
     from tests.torchrec.partition_workers import fixed_plan
 

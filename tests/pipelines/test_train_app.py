@@ -16,7 +16,7 @@ SHORT = ["steps=12", "eval_batches=2", "data.batch_size=32", "logging.progress_b
 def run_app(tmp_path, *overrides, nproc=2, **env_vars):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), **env_vars)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "pipelines.train", *SHORT, *overrides]  # fmt: skip
+               "-m", "pipelines.app.train", *SHORT, *overrides]  # fmt: skip
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
 
 

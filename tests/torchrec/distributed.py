@@ -6,17 +6,15 @@ environment (``TRITON_INTERPRET=1`` from conftest), and return plain Python valu
 
 import os
 import pickle
-import socket
 import tempfile
 from typing import Any, Callable, List
 
 import torch.multiprocessing as mp
 
+from tbe_plugin.torchrec.process_group import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The process-group backend a caller names -> the device type that picks it.
+_DEVICE_TYPES = {"gloo": "cpu", "nccl": "cuda"}
 
 
 def _worker(
@@ -24,11 +22,15 @@ def _worker(
 ) -> None:
     import torch.distributed as dist
 
+    from tbe_plugin.torchrec.process_group import init_process_group
+
+    # What torchrun would set: one node, every rank local (TorchRec's topology reads
+    # LOCAL_WORLD_SIZE).
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
     )  # fmt: skip
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    init_process_group(_DEVICE_TYPES[backend])
     try:
         result = fn(rank, world_size, *args)
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:

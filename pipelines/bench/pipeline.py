@@ -1,4 +1,4 @@
-"""Step time of the training pipelines on a DLRM: ``python -m pipelines.benchmark`` (one
+"""Step time of the training pipelines on a DLRM: ``python -m pipelines.bench.pipeline`` (one
 process per GPU under torchrun; world size 1 without it).
 
 For each model balance (sparse-heavy, balanced, dense-heavy) and backend (fbgemm,
@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from pipelines.config import DataConfig, ModelConfig, OptimizerConfig, ShardingConfig, TablesConfig, TrainConfig
+from pipelines.app.config import DataConfig, ModelConfig, OptimizerConfig, ShardingConfig, TablesConfig, TrainConfig
 from tbe_plugin.benchmarks.report import git_state
 
 # Per balance: tables, pooling factor, dense MLP and over MLP. The costs they aim at
@@ -116,7 +116,7 @@ def plan_summary(dmp) -> Dict[str, int]:
 
 def make_batches(cfg: TrainConfig, rank: int, distinct: int) -> List[Any]:
     """``distinct`` synthetic batches for this rank, in pinned host memory (on CUDA machines)."""
-    from pipelines.data import SyntheticClickLog
+    from pipelines.app.data import SyntheticClickLog
 
     log = SyntheticClickLog(cfg.tables, cfg.data, cfg.model.dense_in_features, rank, distinct)
     return [batch.pin_memory() if torch.cuda.is_available() else batch for batch in log]
@@ -345,14 +345,15 @@ RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "plain2": PlainLoo
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from pipelines.train import _init_distributed, build_model
+    from pipelines.app.train import build_model
+    from tbe_plugin.torchrec.process_group import init_process_group
 
-    rank, world_size, device = _init_distributed()
+    rank, world_size, device = init_process_group()
     environment = versions(device)
     results: Dict[str, Any] = {"world_size": world_size, "batch_size_per_rank": args.batch_size, "rows": args.rows,
                                "dim": args.dim, "zipf": args.zipf, "steps": args.steps, "warmup": args.warmup,
                                "versions": environment, "runs": {},
-                               "provenance": provenance(environment, ["-m", "pipelines.benchmark", *args.argv])}  # fmt: skip
+                               "provenance": provenance(environment, ["-m", "pipelines.bench.pipeline", *args.argv])}  # fmt: skip
     try:
         for balance in args.balances.split(","):
             batches = None
@@ -528,7 +529,7 @@ def scaling_report(paths: List[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.bench.pipeline", description=__doc__.split("\n")[0])
     parser.add_argument("--balances", default=",".join(BALANCES))
     parser.add_argument("--backends", default="fbgemm,triton")
     parser.add_argument("--modes", default=",".join(MODES))

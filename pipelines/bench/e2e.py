@@ -1,4 +1,4 @@
-"""End to end, the number that counts: ``python -m pipelines.benchmark_e2e --out DIR``.
+"""End to end, the number that counts: ``python -m pipelines.bench.e2e --out DIR``.
 
 A TorchRec DLRM over issue 14's click-through tables (``tables.workload=ctr_dlrm``: 30
 tables, rows 1e5..5e6, Poisson pooling 1..60, Zipf 1.05..1.3, D=128), B=16384, fused rowwise
@@ -10,7 +10,7 @@ batches, drawn once on the device (``WorkloadClickLog``: the project's Zipf gene
 cycled, enough of them that no step finds the last one's rows in cache.
 
 Per (backend, pipeline): ms per step (windows synchronized at both ends, as
-``pipelines.benchmark`` times them: the mean, and the median and spread of the steps),
+``pipelines.bench.pipeline`` times them: the mean, and the median and spread of the steps),
 examples/s and the ratio triton / fbgemm, peak GPU memory (from a reset before the build)
 and its ratio, the largest loss difference between backends (same semantics, same
 weights and batches: only summation order differs) and within a backend between
@@ -36,12 +36,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.autograd import DeviceType
 
-from pipelines.benchmark import (
+from pipelines.app.config import DataConfig, TableSpec, TablesConfig, TrainConfig
+from pipelines.app.data import WorkloadClickLog, table_workloads
+from pipelines.bench.pipeline import (
     BALANCES, commit_line, device_init, dlrm_config, make_pipeline, plan_summary, profile_steps, provenance,
     release_memory, time_mode, versions,
 )  # fmt: skip
-from pipelines.config import DataConfig, TableSpec, TablesConfig, TrainConfig
-from pipelines.data import WorkloadClickLog, table_workloads
 from pipelines.metrics import phase_of
 from tbe_plugin.benchmarks.common import markdown_table
 from tbe_plugin.workloads import Workload, ctr_tables_dlrm, skew_stats
@@ -149,7 +149,7 @@ def step_statistics(step_ms: List[float]) -> Dict[str, Optional[float]]:
 def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.Namespace, device: torch.device,
             world_size: int) -> Dict[str, Any]:  # fmt: skip
     """One (backend, pipeline) run on a model built afresh; its profile under SparseDist."""
-    from pipelines.train import build_model
+    from pipelines.app.train import build_model
 
     on_cuda = device.type == "cuda"
     release_memory()
@@ -302,9 +302,9 @@ def write_results(results: Dict[str, Any], out: str) -> None:
 def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from pipelines.train import _init_distributed
+    from tbe_plugin.torchrec.process_group import init_process_group
 
-    rank, world_size, device = _init_distributed()
+    rank, world_size, device = init_process_group()
     if args.smoke:
         tables = smoke_tables(args.dim)
     else:
@@ -316,7 +316,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
     workload = Workload("e2e", table_workloads(tables), args.batch_size)
     environment = versions(device)
     results: Dict[str, Any] = {
-        "provenance": provenance(environment, ["-m", "pipelines.benchmark_e2e", *argv]), "versions": environment,
+        "provenance": provenance(environment, ["-m", "pipelines.bench.e2e", *argv]), "versions": environment,
         "settings": {"tables": workload.describe(), "per_table": [dataclasses.asdict(t) for t in workload.tables],
                      "skew": skew_stats(workload, features.values(), features.offsets()),
                      "batch_size": args.batch_size, "world_size": world_size, "dense": args.dense, "over": args.over,
@@ -351,7 +351,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     balanced = BALANCES["balanced"]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.bench.e2e", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench-out/e2e")
     parser.add_argument("--smoke", action="store_true", help="tiny tables on CPU (gloo, interpreter): a test")
     parser.add_argument("--backends", default=",".join(BACKENDS))

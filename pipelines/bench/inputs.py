@@ -1,4 +1,4 @@
-"""SIG's two targets, measured on this machine (``python -m pipelines.inputs.benchmark``).
+"""SIG's two targets, measured on this machine (``python -m pipelines.bench.inputs``).
 
 1. Sharing: jobs A and B over the same synthetic raw log, B sharing most of A's transform
    nodes (other table sizes for four features, another cross, a longer activity window).
@@ -288,7 +288,7 @@ def markdown(env: Dict[str, Any], sharing: Dict[str, Any], scenarios: Dict[str, 
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.bench.inputs", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(__file__)), "results"))
     parser.add_argument("--rows", type=int, default=50_000, help="events per partition (sharing)")
     parser.add_argument("--partitions", type=int, default=6)

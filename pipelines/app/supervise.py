@@ -1,6 +1,6 @@
-"""The job's controller: ``python -m pipelines.supervise [options] -- <launch command>``.
+"""The job's controller: ``python -m pipelines.app.supervise [options] -- <launch command>``.
 
-Runs the launch command (``torchrun ... -m pipelines.train ...``, ``bash scripts/train.sh
+Runs the launch command (``torchrun ... -m pipelines.app.train ...``, ``bash scripts/train.sh
 ...``) and decides from its exit and its ``HOLD.json`` (``pipelines.holds``) what next:
 
 - finished (exit 0, no hold): stop, exit 0;
@@ -122,7 +122,7 @@ class Supervisor:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.supervise", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m pipelines.app.supervise", description=__doc__.split("\n\n")[0],
                                      usage="%(prog)s [options] -- <launch command>")  # fmt: skip
     parser.add_argument("--run-dir", default=".", help=f"where the job writes {HOLD_FILE} (its working directory)")
     parser.add_argument("--once", action="store_true", help="run once; only translate the outcome into the exit code")

@@ -15,9 +15,9 @@ re-plans from them (``tbe_plugin.torchrec.partition``'s statistics planner, with
 sharding types the job allows) and returns a ``Decision``: re-shard when the new plan's
 predicted step is ``sharding.repartition_min_gain`` faster. The re-shard itself (a
 checkpoint under the old plan loaded into a model built under the new one) is the app's
-(``pipelines.train``), since it owns the checkpoints and the pipeline.
+(``pipelines.app.train``), since it owns the checkpoints and the pipeline.
 
-Imports ``tbe_plugin.torchrec``; ``pipelines.train`` imports it.
+Imports ``tbe_plugin.torchrec``; ``pipelines.app.train`` imports it.
 """
 
 import dataclasses
@@ -64,7 +64,7 @@ def preset_constraints(preset: str, tables: List[str], statistics_file: str = ""
 
 def make_collector(rows: List[int], dim: int, device: torch.device, every: int) -> FeatureStatisticsCollector:
     """A collector of the app's tables (``t{i}`` read by feature ``f{i}``, as
-    ``pipelines.train.build_model`` names them) sampling one step in ``every``."""
+    ``pipelines.app.train.build_model`` names them) sampling one step in ``every``."""
     tables = [TableInfo(f"t{i}", f"f{i}", n, dim) for i, n in enumerate(rows)]
     return FeatureStatisticsCollector(tables, device, sample_every=every)
 
@@ -96,7 +96,7 @@ def report_imbalance(dmp: Any, collector: FeatureStatisticsCollector, world_size
     current H200 measurement) and the topology's default bandwidths."""
     from torchrec.distributed.planner import Topology
 
-    statistics = collector.statistics({"source": "pipelines.train"})
+    statistics = collector.statistics({"source": "pipelines.app.train"})
     topology = Topology(world_size=world_size, local_world_size=local_world_size, compute_device=device_type)
     kernel = KernelSpeed.from_benchmark(kernel_benchmark or default_kernel_benchmark())
     model = CostModel.from_topology(topology, kernel, rank_batch_size)
@@ -256,7 +256,7 @@ def save_plan(plan: Any, path: str, **metadata: Any) -> None:
     ``python -m tbe_plugin.torchrec.partition report`` reprices."""
     from tbe_plugin.torchrec.cost import save_shards
 
-    save_shards(shards_of_plan(plan), path, source="pipelines.train", **metadata)
+    save_shards(shards_of_plan(plan), path, source="pipelines.app.train", **metadata)
 
 
 def load_resharded(path: str, state: Dict[str, Any]) -> None:

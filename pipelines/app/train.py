@@ -1,4 +1,4 @@
-"""The training app: ``python -m pipelines.train [hydra overrides]``, or under torchrun.
+"""The training app: ``python -m pipelines.app.train [hydra overrides]``, or under torchrun.
 
 Builds TorchRec's DLRM (or DLRM-DCN) over an ``EmbeddingBagCollection``, shards it with the
 chosen backend's sharders and our planner, trains it with ``StalenessTrainPipeline`` on
@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,35 +22,16 @@ from typing import Any, Dict, List, Optional, Tuple
 import hydra
 import torch
 
+from pipelines.app.config import TrainConfig, register, validate
 from pipelines.checkpoints import CheckpointStore, newest_complete
-from pipelines.config import TrainConfig, register, validate
 from pipelines.holds import (
     Hold, HealthMonitor, JobHeld, StepSignals, clear_hold, error_hold, local_tensors, permanent_error_reason,
 )  # fmt: skip
 from pipelines.metrics import MetricsLog, binary_quality, phase_times
 from tbe_plugin.benchmarks.report import git_state
+from tbe_plugin.torchrec.process_group import init_process_group
 
 register()
-
-
-def _init_distributed() -> Tuple[int, int, torch.device]:
-    """Rank, world size and device, from torchrun's environment (or one local process)."""
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    return rank, world_size, device
 
 
 def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None,
@@ -67,7 +47,7 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     from torchrec.distributed.types import ShardingEnv
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
-    from pipelines.data import rows_per_table
+    from pipelines.app.data import rows_per_table
     from tbe_plugin.torchrec import make_planner
 
     rows = rows_per_table(cfg.tables)
@@ -92,7 +72,7 @@ def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: O
     allowed.update({t: list(v) for t, v in cfg.sharding.per_table.items()})
     constraints = {t: ParameterConstraints(sharding_types=v) for t, v in allowed.items() if v}
     if cfg.sharding.preset:
-        from pipelines.repartition import preset_constraints
+        from pipelines.app.repartition import preset_constraints
 
         constraints = preset_constraints(cfg.sharding.preset, [t.name for t in tables], cfg.sharding.statistics_file)
     topology = Topology(world_size=world_size, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
@@ -156,7 +136,7 @@ def data_source(cfg: TrainConfig, rank: int, stream: int = 0) -> Any:
     drawn on the device (every batch new; evaluation's stream never repeats training's)."""
     import torch.distributed as dist
 
-    from pipelines.data import CriteoTSV, PlantedClickLog
+    from pipelines.app.data import CriteoTSV, PlantedClickLog
 
     if cfg.data.source == "sig":
         from pipelines.inputs.batches import sig_batches
@@ -248,7 +228,7 @@ def _checkpoint_state(dmp, dense_optimizer, step: int) -> Dict[str, Any]:
 def _restore(store: CheckpointStore, path: str, dmp, dense_optimizer) -> Tuple[int, Any]:
     """Loads the checkpoint at ``path`` into the model and both optimizers; returns its
     step and this rank's data position."""
-    from pipelines.repartition import load_resharded
+    from pipelines.app.repartition import load_resharded
 
     state = _checkpoint_state(dmp, dense_optimizer, 0)
     step, position = store.load(path, {})  # the step, the positions, the world-size check; no tensors
@@ -302,7 +282,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     resume_from = store.newest(announce=rank == 0) if store and cfg.checkpoint.resume else None
     plan_file, plan = None, None
     if resume_from:  # under the plan it was written under, if the job re-sharded before it
-        from pipelines.repartition import plan_of_checkpoint
+        from pipelines.app.repartition import plan_of_checkpoint
 
         plan_file, plan = plan_of_checkpoint(cfg.checkpoint.dir, int(os.path.basename(resume_from)[len("step_"):]))
     dmp, dense_optimizer = build_model(cfg, device, world_size, plan=plan)
@@ -322,8 +302,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
             print(f"[rank 0] resumed from {resume_from} at step {first_step}{under}", flush=True)
     batches, collector = make_batches(cfg, rank, cfg.steps - first_step, position=position), None
     if cfg.sharding.statistics_every:  # feature statistics of the batches as the pipeline draws them
-        from pipelines.data import rows_per_table
-        from pipelines.repartition import ObservedBatches, make_collector, restore_statistics
+        from pipelines.app.data import rows_per_table
+        from pipelines.app.repartition import ObservedBatches, make_collector, restore_statistics
 
         collector = make_collector(rows_per_table(cfg.tables), cfg.tables.dim, device, cfg.sharding.statistics_every)
         if resume_from:
@@ -331,7 +311,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         batches = ObservedBatches(batches, collector)
     repartitioner, reshards = None, []
     if cfg.sharding.repartition_every:  # the closed loop: re-plan from the statistics, re-shard when it pays
-        from pipelines.repartition import carry_batches, make_repartitioner, record_plan
+        from pipelines.app.repartition import carry_batches, make_repartitioner, record_plan
 
         repartitioner = make_repartitioner(cfg, make_sharders(cfg), world_size, device.type)
     signals = StepSignals(host)
@@ -519,7 +499,7 @@ def _log_imbalance(cfg: TrainConfig, dmp, collector, world_size: int, device: to
     a line from rank 0, the ratio in ``metrics``, the statistics JSON if asked."""
     import torch.distributed as dist
 
-    from pipelines.repartition import report_imbalance
+    from pipelines.app.repartition import report_imbalance
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     statistics, report = report_imbalance(dmp, collector, world_size, local, cfg.data.batch_size, device.type)
@@ -530,7 +510,7 @@ def _log_imbalance(cfg: TrainConfig, dmp, collector, world_size: int, device: to
     if dist.get_rank() == 0:
         print(f"[rank 0] {report.line(name)}", flush=True)
         if cfg.sharding.statistics_out:
-            from pipelines.repartition import plan_file_beside, save_plan
+            from pipelines.app.repartition import plan_file_beside, save_plan
 
             statistics.save(cfg.sharding.statistics_out)
             save_plan(dmp.plan, plan_file_beside(cfg.sharding.statistics_out), step=step)
@@ -559,7 +539,7 @@ def _write_hold(hold: Hold, run_dir: str) -> int:
     return hold.exit_code
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
 def main(raw_cfg: Any) -> None:
     """Validates, trains, closes; exits with the hold's code when the job holds (3: a
     permanent error, 4: data not ready; 0 after a pre-emption)."""
@@ -567,7 +547,7 @@ def main(raw_cfg: Any) -> None:
 
     cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
-    rank = _init_distributed()[0]
+    rank = init_process_group()[0]
     run_dir, code = _run_dir(), 0
     if rank == 0:
         clear_hold(run_dir)  # an earlier launch's: this one is running

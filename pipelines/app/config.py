@@ -9,6 +9,7 @@ groups in ``conf/`` select these schemas; ``register()`` puts them in Hydra's Co
 import dataclasses
 from typing import Any, Dict, List, Optional
 
+from pipelines.errors import ConfigError  # re-exported: the schemas raise it, callers catch it from here
 from pipelines.inputs.scaling import ScalingPolicy
 
 BACKENDS = ("triton", "fbgemm")
@@ -24,10 +25,6 @@ SIG_RAW_LOGS = ("synthetic", "tsv")
 # Per-table workloads the tables can be drawn from (``tbe_plugin.workloads`` builds them).
 TABLE_WORKLOADS = ("ctr_dlrm",)
 BAG_LENGTHS = ("poisson", "fixed")
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names its key."""
 
 
 def _require(condition: bool, key: str, message: str) -> None:
@@ -135,7 +132,7 @@ class TablesConfig:
     @property
     def alike(self) -> bool:
         """Every table from ``rows``, ``pooling_factor`` and ``zipf_alpha`` (the synthetic
-        click log's tables); otherwise ``pipelines.data.table_workloads`` gives each table's."""
+        click log's tables); otherwise ``pipelines.app.data.table_workloads`` gives each table's."""
         return self.workload is None and not self.per_table
 
 
@@ -202,7 +199,7 @@ class SigDataConfig:
 @dataclasses.dataclass
 class DataConfig:
     source: str = "synthetic"
-    """``synthetic`` (the planted click log, ``pipelines.data.PlantedClickLog``: fresh batches
+    """``synthetic`` (the planted click log, ``pipelines.app.data.PlantedClickLog``: fresh batches
     per seed, rank and stream, a known optimum), ``criteo`` (TSV files, Criteo's format)
     or ``sig`` (features read through shared input generation: ``data.sig``)."""
     sig: SigDataConfig = dataclasses.field(default_factory=SigDataConfig)

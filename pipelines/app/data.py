@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pipelines.config import DataConfig, TablesConfig
+from pipelines.app.config import DataConfig, TablesConfig
 from pipelines.resumable import DataNotReady
 from tbe_plugin.workloads import TableWorkload, ctr_tables_dlrm, table_sampler
 
@@ -206,7 +206,7 @@ class PlantedClickLog:
 
 class SyntheticClickLog(PlantedClickLog):
     """``PlantedClickLog`` drawn on the host, in the argument order its callers without a
-    device use (``pipelines.benchmark`` pins its batches and copies them itself)."""
+    device use (``pipelines.bench.pipeline`` pins its batches and copies them itself)."""
 
     def __init__(
         self, tables: TablesConfig, data: DataConfig, dense_in_features: int, rank: int = 0, num_batches: int = -1,

@@ -18,15 +18,7 @@
 # each, so a cut run keeps what it measured; each candidate's kernels are profiled too) 230;
 # the whole backward suite (5 timed rounds) under the profile's best candidate 140.
 # CANDIDATES and CONFIGS (comma-separated) override the defaults below.
-set -uo pipefail
-export PYTHONPATH=/tmp/gpu-site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-bench-out}
-mkdir -p "$OUT"
-: "${TBE_PLUGIN_COMMIT:?set TBE_PLUGIN_COMMIT (and TBE_PLUGIN_DIRTY) from the checkout that was sent}"
-export TBE_PLUGIN_COMMIT TBE_PLUGIN_DIRTY=${TBE_PLUGIN_DIRTY:-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  echo "commit $TBE_PLUGIN_COMMIT dirty ${TBE_PLUGIN_DIRTY:-unknown}"; } | tee "$OUT/device.txt"
+source "$(dirname "$0")/device_common.sh"
 
 echo "=== gpu tests $(date +%T)"
 [ "${TESTS:-1}" = 0 ] || timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_embedding_backward.py tests/ops/test_backward_graphs.py \

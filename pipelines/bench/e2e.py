@@ -367,8 +367,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="sharding types allowed for every table, comma-separated ('' : the planner's choice)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--windows", type=int, default=5, help="synchronized windows the steps are timed in")
-    parser.add_argument("--warmup", type=int, default=10,
-                        help="at least --distinct-batches, so every batch's kernels compile before timing")
+    parser.add_argument("--warmup", type=int, default=30,
+                        help="at least --distinct-batches, so every batch's kernels compile before timing (at "
+                             "10 the first timed window still held first-use compiles: H200, d488ab2)")
     parser.add_argument("--distinct-batches", type=int, default=8)
     parser.add_argument("--profile-steps", type=int, default=5, help=f"profiled steps under {PROFILED_PIPELINE}")
     parser.add_argument("--top-kernels", type=int, default=15)

@@ -15,7 +15,7 @@ timeout ${E2E_TIMEOUT:-240} python3 -m pipelines.bench.e2e --out "$OUT" --backwa
   | tee "$OUT/e2e.log" | tail -30
 if [ "${TUNE:-1}" != 0 ]; then
   echo "=== forward sweep $(date +%T)"
-  timeout ${TUNE_TIMEOUT:-420} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" \
+  timeout ${TUNE_TIMEOUT:-330} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" \
     --shapes ${TUNE_SHAPES:-ctr-dlrm,long-bags} --budget ${TUNE_BUDGET:-88} 2>&1 | tee "$OUT/tune.log" | tail -10
 fi
 echo "=== done $(date +%T)"

@@ -112,8 +112,9 @@ class RunsLaunch:
     long-bags 7.25 / 13.90 / 4.38, zipf1.15 3.21 / 5.04 / 2.25, user-id 1.33 / 1.52 / 0.85;
     uniform b8192 4.75 / 4.48 / 3.50 (the chunk design's one-program-per-chunk grid: 3.19)."""
     piece_ids: int = 64
-    """``pieces``: ids per cell of the grid that cuts runs (a run within one cell is summed
-    and updated by one lane; memory: 8 * max BLOCK_D / piece_ids bytes per id)."""
+    """``pieces``: ids per cell of the grid that cuts runs (a run that holds at most one
+    multiple of it after its first id is summed and updated by one lane; memory:
+    8 * max BLOCK_D / piece_ids bytes per id)."""
     piece_elements: int = 256
     """``pieces``: gradient elements of a pieces program's tile: RUNS = piece_elements /
     BLOCK_D pieces side by side, at least 1 (2 at D=128). 4 elements a thread per gather

@@ -1,10 +1,11 @@
 """The backward's piece design (``RunsLaunch.design == "pieces"``): work follows the runs.
 
-The sorted positions are cut at every run's first id (a head) and at every multiple of
-PIECE (a grid point) inside a run: each *piece* is part of one run, at most PIECE ids.
-A run that crosses no grid point is one piece (*whole*); one that does (a *multi* run:
-all runs of more than PIECE ids, and shorter ones that straddle a grid point) has a head
-piece and one piece per grid point it crosses.
+The sorted positions are cut at every run's first id (a head) and, in a run that holds
+two or more multiples of PIECE (grid points) after its head, at each of them: each
+*piece* is part of one run. A run with at most one grid point after its head is one
+piece (*whole*, fewer than 2 * PIECE ids); the others (*multi* runs, all longer than
+PIECE ids) have a head piece of at most PIECE ids and one piece of PIECE ids (the last
+one, up to PIECE) per grid point.
 
 - ``_piece_marks_kernel`` (two passes: count per block, then write at the running totals):
   the pieces' first positions (``piece_starts``, sorted, with the end of the valid ids as
@@ -68,10 +69,19 @@ def _piece_marks_kernel(
     row = tl.load(sorted_rows_ptr + q, mask=inside, other=-1)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=inside & (q > 0), other=-2)
     head = inside & (row != prev)
-    piece = head | (inside & (q % PIECE == 0)) | (q == end)
-    next_grid = (q // PIECE + 1) * PIECE
-    crosses = head & (next_grid < end)
-    multi = crosses & (tl.load(sorted_rows_ptr + next_grid, mask=crosses, other=-3) == row)
+    # A grid point after its run's head is cut when the run holds another one after the
+    # head: the next (q + PIECE) or the previous (q - PIECE, itself after the head).
+    grid = inside & ~head & (q % PIECE == 0)
+    later = grid & (q + PIECE < end)
+    earlier = grid & (q >= PIECE + 1)
+    cut = later & (tl.load(sorted_rows_ptr + q + PIECE, mask=later, other=-3) == row)
+    cut |= earlier & (tl.load(sorted_rows_ptr + q - PIECE, mask=earlier, other=-3) == row) & (
+        tl.load(sorted_rows_ptr + q - PIECE - 1, mask=earlier, other=-3) == row)
+    piece = head | cut | (q == end)
+    # A multi run's head: its run holds the second grid point after it.
+    second_grid = (q // PIECE + 2) * PIECE
+    crosses = head & (second_grid < end)
+    multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
     blocks = tl.num_programs(0)

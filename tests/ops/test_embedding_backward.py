@@ -559,9 +559,10 @@ def test_pieces_empty_batch_and_empty_bags():
 
 
 def test_piece_marks_list_pieces_and_multi_runs():
-    """Cells of 4 ids: a piece starts at every run's first id and at every multiple of 4
-    inside a run, and at the end of the valid ids (sentinels after it); a multi run is
-    one whose row is still there at the next multiple of 4. Two blocks of 16 positions:
+    """Cells of 4 ids: a piece starts at every run's first id, at every multiple of 4
+    after the head of a run that holds two or more of them (a multi run; a run with one
+    is a whole piece of up to 7 ids), and at the end of the valid ids (sentinels after
+    it). Two blocks of 16 positions:
     the counts are one vector (pieces per block, then multi runs per block) whose 1-D
     running totals place the second block's marks after the first's; each class bound's
     block writes how many pieces and multi runs lie before it; the per-piece records hold
@@ -593,25 +594,35 @@ def test_piece_marks_list_pieces_and_multi_runs():
     rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],
                         dtype=torch.int32)  # fmt: skip
     counted, starts, multi, piece_pos, multi_pos = marks(rows, torch.tensor([0, 12, 21]))
-    assert counted == [6, 5, 2, 0]  # pieces in blocks 0, 1; multi runs in blocks 0, 1
-    assert starts[:12].tolist() == [0, 4, 8, 9, 10, 12, 16, 17, 18, 20, 21, -1]
-    assert multi[:3].tolist() == [0, 12, -1]  # row 0 crosses 4 and 8, row 5 crosses 16; row 2 ends at 12
-    assert piece_pos == [0, 5, 10] and multi_pos == [0, 1, 2]  # the second class's first piece: 12's
-    row, flag, w_start, dim, grad_offset, scale = (r[:10].tolist() for r in records)
-    assert row == [0, 0, 0, 1, 2, 5, 5, 7, 8, 9] and flag == [1, 0, 0, 3, 3, 1, 0, 3, 3, 3]
-    piece_first = starts[:10]
+    assert counted == [6, 4, 1, 0]  # pieces in blocks 0, 1; multi runs in blocks 0, 1
+    # Row 0 holds 4 and 8 after its head: cut at both; row 5 (12..16) holds only 16: whole.
+    assert starts[:11].tolist() == [0, 4, 8, 9, 10, 12, 17, 18, 20, 21, -1]
+    assert multi[:2].tolist() == [0, -1]
+    assert piece_pos == [0, 5, 9] and multi_pos == [0, 1, 1]  # the second class's first piece: 12's
+    row, flag, w_start, dim, grad_offset, scale = (r[:9].tolist() for r in records)
+    assert row == [0, 0, 0, 1, 2, 5, 7, 8, 9] and flag == [1, 0, 0, 3, 3, 3, 3, 3, 3]
+    piece_first = starts[:9]
     assert w_start == (piece_first * 10).tolist() and grad_offset == (piece_first * 100).tolist()
-    assert dim == [4] * 10 and scale == piece_first.float().tolist()
+    assert dim == [4] * 9 and scale == piece_first.float().tolist()
     # A multi run in the second block lands after the first block's; one class.
     rows2 = torch.tensor([3] * 2 + [4] * 14 + [6] * 6 + [sentinel], dtype=torch.int32)
     counted, starts, multi, piece_pos, multi_pos = marks(rows2, torch.tensor([0, 22]))
-    assert counted == [5, 3, 1, 1]  # row 4 starts at 2 and crosses 4; row 6 starts at 16 and crosses 20
-    assert starts[:9].tolist() == [0, 2, 4, 8, 12, 16, 20, 22, -1]
-    assert multi[:3].tolist() == [2, 16, -1]
-    assert piece_pos == [0, 7] and multi_pos == [0, 2]
+    assert counted == [5, 2, 1, 0]  # row 4 (2..15) holds 4, 8, 12; row 6 (16..21) only 20: whole
+    assert starts[:8].tolist() == [0, 2, 4, 8, 12, 16, 22, -1]
+    assert multi[:2].tolist() == [2, -1]
+    assert piece_pos == [0, 6] and multi_pos == [0, 1]
+    # Multi runs in both blocks, one of them found by its earlier grid point (20: 16 is
+    # after row 4's head at 12); a run starting on a grid point with one more (24..28).
+    rows3 = torch.tensor([1] + [2] * 9 + [3] * 2 + [4] * 9 + [5] * 3 + [6] * 5 + [sentinel] * 3, dtype=torch.int32)
+    counted, starts, multi, piece_pos, multi_pos = marks(rows3, torch.tensor([0, 29]))
+    assert counted == [6, 5, 2, 0]
+    assert starts[:12].tolist() == [0, 1, 4, 8, 10, 12, 16, 20, 21, 24, 29, -1]
+    assert multi[:3].tolist() == [1, 12, -1]
+    assert records[1][:10].tolist() == [3, 1, 0, 0, 3, 1, 0, 0, 3, 3]
+    assert piece_pos == [0, 10] and multi_pos == [0, 2]
     # An empty class between two others: its bounds are the next class's first position.
     counted, starts, multi, piece_pos, multi_pos = marks(rows, torch.tensor([0, 12, 12, 21]))
-    assert piece_pos == [0, 5, 5, 10] and multi_pos == [0, 1, 1, 2]
+    assert piece_pos == [0, 5, 5, 9] and multi_pos == [0, 1, 1, 1]
 
 
 @pytest.mark.gpu

@@ -156,7 +156,9 @@ class BackwardGraphs:
         warning; the key then stays eager)."""
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: CUDA calls of other threads (a data loader's) are not part of the
+            # capture and do not fail because of it.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 entry.psw_grad = run()
         except Exception as error:  # noqa: BLE001 - the step still runs, eagerly
             warnings.warn(f"tbe_plugin: capturing the backward as a CUDA graph failed ({type(error).__name__}: "

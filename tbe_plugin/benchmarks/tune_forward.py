@@ -49,10 +49,12 @@ WORKLOADS = {
 }  # fmt: skip
 
 
-def candidates(L: int, max_dim: int, elem: int):
-    """One-warp tiles of 8 to 128 ids (BAGS x BLOCK_L, BLOCK_L no longer than a bag),
-    column blocks of 64-256, and 1-4 pipeline stages (the first sweep found one warp
-    per program best everywhere)."""
+def candidates(L: int, max_dim: int, elem: int, first=()):
+    """``first`` (configs to try before the others), then one-warp tiles of 8 to 128 ids
+    (BAGS x BLOCK_L, BLOCK_L no longer than a bag), column blocks of 64-256, and 1-4
+    pipeline stages (the first sweep, on fixed-length bags, found one warp per program
+    best everywhere)."""
+    yield from first
     full_d = max(16, min(triton.next_power_of_2(max_dim), 1024 // elem))
     block_ds = sorted({full_d, min(full_d, 128)})
     max_l = triton.next_power_of_2(L)
@@ -62,7 +64,19 @@ def candidates(L: int, max_dim: int, elem: int):
         bags = ids_per_step // block_l
         if block_l > min(max_l, ids_per_step) or ids_per_step * block_d * elem > 32768:
             continue
-        yield bags, block_l, block_d, 1, stages
+        if (bags, block_l, block_d, 1, stages) not in first:
+            yield bags, block_l, block_d, 1, stages
+
+
+def production_first(max_dim: int, elem: int):
+    """Configs tried first on Poisson bags of mixed lengths: a warp per bag over 8 or 16
+    ids a step (FBGEMM's forward gives each bag a warp), several bags on a warp each (2-4
+    warps a program), and the fixed-length heuristic's tiles."""
+    block_d = max(16, min(triton.next_power_of_2(max_dim), 128))
+    configs = [(1, block_l, block_d, 1, stages) for block_l in (8, 16) for stages in (1, 2, 3)]
+    configs += [(bags, block_l, block_d, bags, stages) for bags in (2, 4) for block_l in (4, 8) for stages in (1, 2)]
+    configs += [(16, 2, block_d, 1, 3), (8, 4, block_d, 1, 3), (16, 1, block_d, 1, 3)]
+    return tuple(configs)
 
 
 def time_ms(fn, iters=30):
@@ -92,7 +106,8 @@ def tune_shape(name, workload: Workload, budget):
     reference = emb(indices, offsets)
     results = []
     longest = max(round(t.mean_pooling) for t in workload.tables)
-    for cand in itertools.islice(candidates(longest, max(dims), elem), budget):
+    first = production_first(max(dims), elem) if len({t.mean_pooling for t in workload.tables}) > 1 else ()
+    for cand in itertools.islice(candidates(longest, max(dims), elem, first), budget):
         work = _work_items(emb.feature_dims, cand[2], emb.device)
 
         def run(cand=cand, work=work):

@@ -28,7 +28,8 @@ one, up to PIECE) per grid point.
 
 Every sum has a fixed order (a piece in id order, partials by cell): results are bitwise
 the same from run to run. Memory beyond the sorted operands: two fp32 rows (of the widest
-tile) per cell and 1/FAN_IN of one per level above, and 8 bytes per piece.
+tile) per cell and 1/FAN_IN of one per level above, and 8 bytes per piece (41 with the
+per-piece records, ``RunsLaunch.piece_records``).
 
 Lives in ``tbe_plugin.ops``: imports Triton only.
 """
@@ -202,12 +203,13 @@ def _pieces_kernel(
 @triton.jit
 def _cell_groups_kernel(
     sorted_rows_ptr, child_sums_ptr, group_sums_ptr, class_pos_ptr, klass, unit_ids, slot_stride,
-    BLOCK_D: tl.constexpr, FAN_IN: tl.constexpr,
+    BLOCK_D: tl.constexpr, FAN_IN: tl.constexpr, PIECE: tl.constexpr,
 ):  # fmt: skip
     """For each group of FAN_IN units (cells, or groups of cells) of ``unit_ids`` ids whose
-    first position b lies inside the class and inside a run begun before b: the sum of
-    that run's units in the group (a prefix of it), in the group's slot. Other groups
-    store nothing."""
+    first position b lies inside the class and inside a multi run begun before b (one that
+    holds another grid point after its head: b + PIECE, or b - PIECE after the head): the
+    sum of that run's units in the group (a prefix of it), in the group's slot. Other
+    groups store nothing (a whole piece that holds b left no partials to sum)."""
     lo = tl.load(class_pos_ptr + klass)
     hi = tl.load(class_pos_ptr + klass + 1)
     cols = tl.arange(0, BLOCK_D)
@@ -217,7 +219,13 @@ def _cell_groups_kernel(
         b = group * group_ids
         row = tl.load(sorted_rows_ptr + b, mask=b < hi, other=-1)
         before = tl.load(sorted_rows_ptr + b - 1, mask=(b > lo) & (b < hi), other=-2)
-        if row == before:
+        inside = row == before
+        later = inside & (b + PIECE < hi)
+        earlier = inside & (b - PIECE - 1 >= lo)
+        multi = later & (tl.load(sorted_rows_ptr + b + PIECE, mask=later, other=-3) == row)
+        multi |= earlier & (tl.load(sorted_rows_ptr + b - PIECE, mask=earlier, other=-3) == row) & (
+            tl.load(sorted_rows_ptr + b - PIECE - 1, mask=earlier, other=-3) == row)
+        if multi:
             total = _unit_sums(sorted_rows_ptr, child_sums_ptr, group * FAN_IN, (group + 1) * FAN_IN, unit_ids, 0, hi,
                                row, 0, slot_stride, cols, FAN_IN)  # fmt: skip
             tl.store(group_sums_ptr + group * slot_stride + cols, total)

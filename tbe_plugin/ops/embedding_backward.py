@@ -485,7 +485,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             if N > unit * fan_in:
                 _cell_groups_kernel[tree_grid](
                     sorted_rows, children, parents, class_pos, klass, unit, stride,
-                    BLOCK_D=sizes.block_d, FAN_IN=fan_in, num_warps=sizes.tree_warps,
+                    BLOCK_D=sizes.block_d, FAN_IN=fan_in, PIECE=piece, num_warps=sizes.tree_warps,
                 )  # fmt: skip
         _multi_runs_kernel[tree_grid](
             sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, cell_sums, cells, group_sums, supergroup_sums,

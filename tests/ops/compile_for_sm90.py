@@ -199,7 +199,8 @@ def pieces_variants():
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
-        yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in), sizes.tree_warps, "*fp32", "*i32"
+        yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
+            sizes.tree_warps, "*fp32", "*i32"  # fmt: skip
     for write, keys, records in ((False, "*i32", False), (True, "*i32", False), (True, "*i64", False),
                                  (True, "*i32", True)):  # int64 keys: 2**31 rows or more  # fmt: skip
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK,

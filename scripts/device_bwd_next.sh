@@ -30,7 +30,7 @@ timeout 60 python3 -m tbe_plugin.benchmarks.host_profile --out /tmp/host_profile
 cp /tmp/host_profile/host_profile.txt "$OUT/" 2>/dev/null
 
 echo "=== profile $(date +%T)"
-CANDIDATES=${CANDIDATES:-default,records,graphs,auto}
+CANDIDATES=${CANDIDATES:-default,records,ordered,graphs,auto}
 CONFIGS=${CONFIGS:-ctr-mix,wide-d512-fp16,long-bags,zipf1.15,b8192,user-id,fbgemm-standard}
 timeout 230 python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
   --candidates "$CANDIDATES" --iters 5 2>&1 | grep -v "no entry for\|compatibility" | tee -a "$OUT/run.log" | tail -40

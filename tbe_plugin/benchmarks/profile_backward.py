@@ -62,6 +62,8 @@ CANDIDATES = {
     "graphs": _launch(graph_max_ids=1 << 20),
     # Per-piece records written by the marks kernel: one round of dependent loads less a round.
     "records": _launch(piece_records=True),
+    # ... visited in the order of the gradient rows they read (L2 serves the gather).
+    "ordered": _launch(piece_records=True, piece_order=True),
 }
 
 

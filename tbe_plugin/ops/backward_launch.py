@@ -133,6 +133,11 @@ class RunsLaunch:
     it (row, flags, row start, D, first gradient row), so that a round of pieces waits on
     one round of contiguous loads before its gathers instead of two (the piece list, then
     the ids and their neighbours); ~33 more bytes a piece."""
+    piece_order: bool = False
+    """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
+    pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:
+    a count and a scatter by (class, gradient row)), so that pieces running together read
+    neighbouring gradient rows and L2 serves most of the gather; no sum depends on the order."""
     graph_max_ids: int = 0
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel
@@ -152,6 +157,8 @@ class RunsLaunch:
         for name in ("chunk_warps", "loop_warps", "max_loop_warps", "piece_warps", "tree_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
+        if self.piece_order and not self.piece_records:
+            raise ValueError("RunsLaunch.piece_order needs piece_records=True (it orders the per-piece records)")
         if self.graph_max_ids < 0:
             raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
         if self.piece_programs_per_sm < 0:

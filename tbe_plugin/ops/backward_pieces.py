@@ -116,18 +116,63 @@ def _piece_marks_kernel(
 
 
 @triton.jit
+def _piece_order_kernel(
+    class_piece_pos_ptr, num_classes, piece_starts_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr,
+    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr, buckets_ptr, grad_rows, grad_stride,
+    out_start_ptr, out_stop_ptr, out_row_ptr, out_flags_ptr, out_w_start_ptr, out_dim_ptr, out_grad_offset_ptr,
+    out_scale_ptr,
+    SCATTER: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The pieces in the order of the output-gradient rows they first read (``RunsLaunch.
+    piece_order``): bucket = (class, gradient row of the piece's first id), class-major, so
+    that each class keeps its range of the list. SCATTER False: counts per bucket; True
+    (``buckets`` then holding each bucket's end): each piece's records, with its start and
+    stop, written at a free place of its bucket (the order inside a bucket is whatever the
+    atomics give: every piece updates its own row or partial slot, so no sum depends on it).
+    Pieces that run together then read neighbouring gradient rows (the same batch row of
+    neighbouring tables, or of one hot row's neighbouring bags): reads that L2 serves."""
+    total = tl.load(class_piece_pos_ptr + num_classes)
+    for base in tl.range(tl.program_id(0) * BLOCK, total, tl.num_programs(0) * BLOCK):
+        j = base + tl.arange(0, BLOCK)
+        live = j < total
+        klass = tl.zeros([BLOCK], dtype=tl.int64)
+        for k in range(1, num_classes):
+            klass += (j >= tl.load(class_piece_pos_ptr + k)).to(tl.int64)
+        g_first = tl.load(piece_grad_offset_ptr + j, mask=live, other=0)
+        bucket = klass * grad_rows + g_first // grad_stride
+        if SCATTER:
+            at = tl.atomic_add(buckets_ptr + bucket, -1, mask=live) - 1
+            tl.store(out_start_ptr + at, tl.load(piece_starts_ptr + j, mask=live, other=0), mask=live)
+            tl.store(out_stop_ptr + at, tl.load(piece_starts_ptr + j + 1, mask=live, other=0), mask=live)
+            tl.store(out_row_ptr + at, tl.load(piece_row_ptr + j, mask=live, other=0), mask=live)
+            tl.store(out_flags_ptr + at, tl.load(piece_flags_ptr + j, mask=live, other=0), mask=live)
+            tl.store(out_w_start_ptr + at, tl.load(piece_w_start_ptr + j, mask=live, other=0), mask=live)
+            tl.store(out_dim_ptr + at, tl.load(piece_dim_ptr + j, mask=live, other=0), mask=live)
+            tl.store(out_grad_offset_ptr + at, g_first, mask=live)
+            if SCALED:
+                tl.store(out_scale_ptr + at, tl.load(piece_scale_ptr + j, mask=live, other=1.0), mask=live)
+        else:
+            tl.atomic_add(buckets_ptr + bucket, 1, mask=live)
+
+
+@triton.jit
 def _piece_operands(
     piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr,
-    i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr, RECORDS: tl.constexpr,
+    piece_stop_ptr, i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr, RECORDS: tl.constexpr,
+    STOPS: tl.constexpr,
 ):  # fmt: skip
     """What pieces ``i`` need before their gathers: bounds, row, whether the piece is a
     run's head and the whole run, D, where the row starts in the weights, and the first
     id's gradient row and factor. RECORDS: one round of contiguous loads (the marks
-    kernel's records); otherwise two (the piece list, then the ids and their neighbours)."""
+    kernel's records); otherwise two (the piece list, then the ids and their neighbours).
+    STOPS: each piece's stop from ``piece_stop`` (the ordered list), not the next start."""
     live = i < last
     start = tl.load(piece_starts_ptr + i, mask=live, other=0)
-    stop = tl.load(piece_starts_ptr + i + 1, mask=live, other=0)
+    if STOPS:
+        stop = tl.load(piece_stop_ptr + i, mask=live, other=0)
+    else:
+        stop = tl.load(piece_starts_ptr + i + 1, mask=live, other=0)
     if RECORDS:
         row = tl.load(piece_row_ptr + i, mask=live, other=-1)
         flags = tl.load(piece_flags_ptr + i, mask=live, other=0)
@@ -155,10 +200,10 @@ def _pieces_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, piece_starts_ptr, class_piece_pos_ptr, cell_sums_ptr, head_slots,
     klass, slot_stride, num_indices, step_ptr, hyper_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr,
-    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr,
+    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
-    RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr,
+    RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL gathers issued at
@@ -172,7 +217,7 @@ def _pieces_kernel(
         live, start, stop, row, head, whole, dim, w_start, g_first, s_first = _piece_operands(
             piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
             sorted_scale_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
-            piece_scale_ptr, base + lane, last, num_indices, SCALED, ALIGN, RECORDS,
+            piece_scale_ptr, piece_stop_ptr, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS,
         )  # fmt: skip
         row_mask = live[:, None] & (cols[None, :] < dim[:, None])
         w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]

@@ -41,7 +41,13 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.backward_launch import CHUNK_MODES, MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
-from tbe_plugin.ops.backward_pieces import _cell_groups_kernel, _multi_runs_kernel, _piece_marks_kernel, _pieces_kernel
+from tbe_plugin.ops.backward_pieces import (
+    _cell_groups_kernel,
+    _multi_runs_kernel,
+    _piece_marks_kernel,
+    _piece_order_kernel,
+    _pieces_kernel,
+)
 from tbe_plugin.ops.backward_runs import (
     _chunk_kernel,
     _group_kernel,
@@ -301,7 +307,7 @@ def backward_update(
     _launch_runs(
         grad_output, (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale), weights,
         momentum1, momentum2, step, args, scaled, align, total_rows, classes or (block_d_of(max_dim), 0),
-        launch or runs_launch(),
+        launch or runs_launch(), pooling != Pooling.NONE,
     )  # fmt: skip
     return psw_grad
 
@@ -346,7 +352,7 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
 
 
 def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-                 classes, launch) -> None:  # fmt: skip
+                 classes, launch, pooled=True) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
     long runs' segment and group sums and the long runs themselves."""
     sorted_rows = sorted_operands[0]
@@ -360,7 +366,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     if launch.design == "pieces":
         class_rows = [b - a for a, b in zip(classes[1::2], [*classes[3::2], total_rows])]
         _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align,
-                       class_pos, per_class, class_rows, launch)  # fmt: skip
+                       class_pos, per_class, class_rows, launch, pooled)  # fmt: skip
         return
     segment, fan_in = launch.segment_ids, launch.fan_in
     long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)
@@ -415,11 +421,12 @@ MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
 MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
 
 
-def _piece_records(sorted_operands, most_pieces: int, scaled: bool):
+def _piece_records(sorted_operands, most_pieces: int, scaled: bool, like: bool = False):
     """Per piece (``RunsLaunch.piece_records``): its row, flags, the row's start in the
     weights, D, its first id's gradient row and factor; ~33 bytes a piece (upper bound:
-    an id's worth of pieces plus a cell's)."""
-    sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale = sorted_operands
+    an id's worth of pieces plus a cell's). ``like``: ``sorted_operands`` are records
+    already (their row dtype is the keys')."""
+    sorted_rows = sorted_operands[0]
     device = sorted_rows.device
     return (
         torch.empty(most_pieces, dtype=sorted_rows.dtype, device=device),
@@ -431,8 +438,33 @@ def _piece_records(sorted_operands, most_pieces: int, scaled: bool):
     )
 
 
+ORDER_BLOCK = 1024  # pieces per step of _piece_order_kernel's programs
+ORDER_WARPS = 8  # 4 pieces a thread
+ORDER_PROGRAMS_PER_SM = 4
+
+
+def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records, size, scaled, sms):
+    """The pieces and their records in the order of the gradient rows they first read
+    (``_piece_order_kernel``: counts per (class, row), their running totals, a scatter),
+    each with its stop; returns (starts, row, flags, w_start, dim, gradient row, factor,
+    stops)."""
+    device = grad_output.device
+    grad_rows = grad_output.shape[0]
+    buckets = torch.zeros(num_classes * grad_rows, dtype=torch.int32, device=device)
+    out = _piece_records(records, size, scaled, like=True)
+    starts, stops = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
+    grid = (sms * ORDER_PROGRAMS_PER_SM,)
+    common = (class_piece_pos, num_classes, piece_starts, *records)
+    _piece_order_kernel[grid](*common, buckets, grad_rows, grad_output.stride(0), starts, stops, *out,
+                              SCATTER=False, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
+    ends = torch.cumsum(buckets, 0, dtype=torch.int32)
+    _piece_order_kernel[grid](*common, ends, grad_rows, grad_output.stride(0), starts, stops, *out,
+                              SCATTER=True, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
+    return (starts, *out, stops)
+
+
 def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
-                   per_class, class_rows, launch) -> None:  # fmt: skip
+                   per_class, class_rows, launch, pooled) -> None:  # fmt: skip
     """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
     classes at once; then per class its pieces, the group sums of its multi runs' cells
     (two levels, where the batch has ids enough) and its multi runs. No host sync: the
@@ -459,12 +491,17 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
     _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, WRITE=True,
                                    **marks)  # fmt: skip
+    sms = _multiprocessors(device)
+    # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
+    piece_list, stops, ordered = piece_starts, piece_starts, launch.piece_order and pooled
+    if ordered:
+        piece_list, *records, stops = _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records,
+                                                      N + cells + 1, scaled, sms)  # fmt: skip
     stride = max(c.block_d for c in per_class)
     cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
     levels = [triton.cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
     group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
-    sms = _multiprocessors(device)
     _, sorted_w_start, sorted_dim, _, _ = sorted_operands
     for klass, sizes in enumerate(per_class):
         most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
@@ -472,10 +509,11 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
         if launch.piece_programs_per_sm:
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
-            grad_output, *sorted_operands, weights, m1, m2, piece_starts, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, hyper, *records,
+            grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
+            stride, N, step, hyper, *records, stops,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, num_warps=sizes.piece_warps, **modes,
+            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, num_warps=sizes.piece_warps,
+            **modes,
         )  # fmt: skip
         if N <= piece:
             continue  # no run crosses a grid point

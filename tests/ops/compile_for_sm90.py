@@ -30,7 +30,9 @@ FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums
 FLOAT_POINTERS += ("cell_sums_ptr",)
 FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
-INT8_POINTERS = ("piece_flags_ptr",)
+INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
+INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr")
+FLOAT_POINTERS += ("out_scale_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
@@ -41,11 +43,11 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = "constexpr"
         elif name == "weights_ptr":
             sig[name] = weights
-        elif name in ("sorted_rows_ptr", "rows_ptr", "rows_out_ptr", "piece_row_ptr"):
+        elif name in ("sorted_rows_ptr", "rows_ptr", "rows_out_ptr", "piece_row_ptr", "out_row_ptr"):
             sig[name] = keys
         elif name in FLOAT_POINTERS:
             sig[name] = "*fp32"
-        elif name in INT32_POINTERS:
+        elif name in INT32_POINTERS or name in INT32_POINTERS_MORE:
             sig[name] = "*i32"
         elif name in FP64_POINTERS:
             sig[name] = "*fp64"
@@ -193,10 +195,11 @@ def pieces_variants():
                                   PIECE=launch.piece_ids)  # fmt: skip
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
-                                      BARRIER=sizes.piece_warps > 1, RECORDS=False)  # fmt: skip
+                                      BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
-                    if (weights, optimizer) == PIECES_UPDATES[0]:  # the records candidate, production update
+                    if (weights, optimizer) == PIECES_UPDATES[0]:  # the records and ordered candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
+                        yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
@@ -205,10 +208,14 @@ def pieces_variants():
                                  (True, "*i32", True)):  # int64 keys: 2**31 rows or more  # fmt: skip
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK,
                                                RECORDS=records, SCALED=True), backward.MARKS_WARPS, "*fp32", keys  # fmt: skip
+    for scatter in (False, True):
+        yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=backward.ORDER_BLOCK), \
+            backward.ORDER_WARPS, "*fp32", "*i32"  # fmt: skip
     sizes = launch.for_block_d(128)
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
-                                      UNROLL=launch.piece_unroll, BARRIER=True, RECORDS=False), sizes.piece_warps, \
+                                      UNROLL=launch.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False), \
+        sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 
 

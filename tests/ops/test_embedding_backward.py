@@ -218,7 +218,7 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
     "field, value",
     [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),
      ("chunk_mode", "every"), ("design", "runs"), ("piece_ids", 48), ("piece_elements", 1), ("piece_warps", 32),
-     ("tree_warps", 0), ("piece_programs_per_sm", -1), ("piece_unroll", 32)],
+     ("tree_warps", 0), ("piece_programs_per_sm", -1), ("piece_unroll", 32), ("piece_order", True)],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):
@@ -468,13 +468,14 @@ PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, 
                     piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
 
 
-@pytest.mark.parametrize("records", [False, True], ids=["plain", "records"])
-def test_pieces_hot_rows_across_cells_groups_and_supergroups(records):
+@pytest.mark.parametrize("records, order", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "records", "ordered"])  # fmt: skip
+def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order):
     """One row in most lookups (its run crosses many cells, groups and supergroups),
     the others' runs shorter, longer and exactly as long as a cell, starting anywhere;
-    with and without the per-piece records."""
+    with and without the per-piece records, and visited by gradient row."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records)
+    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
 
 
@@ -529,13 +530,16 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-@pytest.mark.parametrize("second", ["same", "records"])
+@pytest.mark.parametrize("second", ["same", "records", "ordered"])
 def test_pieces_deterministic_with_inexact_sums(second):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
     bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
-    records (``piece_records``: the same operands, read from the records)."""
+    records (``piece_records``: the same operands, read from the records), and one that
+    visits the pieces in the order of their gradient rows (``piece_order``: an order the
+    atomics choose, on which no sum depends)."""
     results = []
-    for launch in (PIECES, dataclasses.replace(PIECES, piece_records=second == "records")):
+    second_launch = dataclasses.replace(PIECES, piece_records=second != "same", piece_order=second == "ordered")
+    for launch in (PIECES, second_launch):
         emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
         emb.backward_launch = launch
         rows = [emb.table_rows[t] for t in emb.feature_table_map]

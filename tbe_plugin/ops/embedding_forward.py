@@ -265,13 +265,28 @@ def unpooled_launch_config(max_dim: int, elem_size: int):
 _work_items_cache: Dict[Tuple[Tuple[int, ...], int, torch.device], torch.Tensor] = {}
 
 
-def _work_items(dims: Sequence[int], block_d: int, device: torch.device) -> torch.Tensor:
-    key = (tuple(dims), block_d, device)
+def _work_items(dims: Sequence[int], block_d: int, device: torch.device,
+                features: Optional[Tuple[int, ...]] = None) -> torch.Tensor:  # fmt: skip
+    """The work items of ``features`` (all when None), cached per device."""
+    key = (tuple(dims), block_d, device, features)
     items = _work_items_cache.get(key)
     if items is None:
-        items = build_work_items(torch.tensor(list(dims)), block_d).to(device)
+        items = build_work_items(torch.tensor(list(dims)), block_d)
+        if features is not None:
+            items = items[torch.isin(items[:, 0], torch.tensor(features, dtype=items.dtype))]
+        items = items.to(device)
         _work_items_cache[key] = items
     return items
+
+
+def pooled_tile_classes(dims: Sequence[int]) -> List[Tuple[int, Tuple[int, ...]]]:
+    """Features grouped by the column tile their rows need (power of two, 16 to 128):
+    [(tile, features)], smallest tile first. A launch per group, so that a table of D=16
+    does not run in a 128-column tile beside a table of D=128 (mixed D)."""
+    groups: Dict[int, List[int]] = {}
+    for f, d in enumerate(dims):
+        groups.setdefault(max(16, min(triton.next_power_of_2(max(d, 1)), 128)), []).append(f)
+    return [(tile, tuple(features)) for tile, features in sorted(groups.items())]
 
 
 def output_shape(num_indices, num_bags_plus_one, dims: Sequence[int], pooling: int):
@@ -307,16 +322,17 @@ def launch_forward(
     elem = weights.element_size()
     if pooling == Pooling.NONE:
         config = unpooled_launch_config(max(dims), elem)
-        work = None
+        forward_into(out, weights, feature_meta, None, indices, offsets, per_sample_weights, status, pooling,
+                     bounds_check, align, config)  # fmt: skip
     else:
         num_bags = shape[0] * len(dims)
         avg_len = indices.numel() / max(num_bags, 1)
-        config = pooled_launch_config(avg_len, max(dims), elem)
-        work = _work_items(dims, config[2], weights.device)
-    forward_into(
-        out, weights, feature_meta, work, indices, offsets, per_sample_weights,
-        status, pooling, bounds_check, align, config,
-    )  # fmt: skip
+        classes = pooled_tile_classes(dims)
+        for tile, features in classes:
+            config = pooled_launch_config(avg_len, tile, elem)
+            work = _work_items(dims, config[2], weights.device, features if len(classes) > 1 else None)
+            forward_into(out, weights, feature_meta, work, indices, offsets, per_sample_weights, status, pooling,
+                         bounds_check, align, config)  # fmt: skip
     raise_if_fatal(status, bounds_check, indices, offsets, feature_meta[:, META_ROWS])
     return out
 

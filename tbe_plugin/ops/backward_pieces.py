@@ -42,6 +42,20 @@ from tbe_plugin.ops.optimizers import load_row_state
 
 
 @triton.jit
+def _another_grid_point(sorted_rows_ptr, q, row, grid_point, end, PIECE: tl.constexpr):
+    """For positions q that are grid points after their run's head (``grid_point``; row
+    ``row``, valid ids before ``end``): whether the run holds another grid point after its
+    head, the next (q + PIECE) or the previous (q - PIECE, itself after the head). Such a
+    run is a multi run, cut at each of its grid points."""
+    later = grid_point & (q + PIECE < end)
+    earlier = grid_point & (q >= PIECE + 1)
+    another = later & (tl.load(sorted_rows_ptr + q + PIECE, mask=later, other=-3) == row)
+    another |= earlier & (tl.load(sorted_rows_ptr + q - PIECE, mask=earlier, other=-3) == row) & (
+        tl.load(sorted_rows_ptr + q - PIECE - 1, mask=earlier, other=-3) == row)
+    return another
+
+
+@triton.jit
 def _piece_marks_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
@@ -72,12 +86,7 @@ def _piece_marks_kernel(
     head = inside & (row != prev)
     # A grid point after its run's head is cut when the run holds another one after the
     # head: the next (q + PIECE) or the previous (q - PIECE, itself after the head).
-    grid = inside & ~head & (q % PIECE == 0)
-    later = grid & (q + PIECE < end)
-    earlier = grid & (q >= PIECE + 1)
-    cut = later & (tl.load(sorted_rows_ptr + q + PIECE, mask=later, other=-3) == row)
-    cut |= earlier & (tl.load(sorted_rows_ptr + q - PIECE, mask=earlier, other=-3) == row) & (
-        tl.load(sorted_rows_ptr + q - PIECE - 1, mask=earlier, other=-3) == row)
+    cut = _another_grid_point(sorted_rows_ptr, q, row, inside & ~head & (q % PIECE == 0), end, PIECE)
     piece = head | cut | (q == end)
     # A multi run's head: its run holds the second grid point after it.
     second_grid = (q // PIECE + 2) * PIECE
@@ -264,13 +273,7 @@ def _cell_groups_kernel(
         b = group * group_ids
         row = tl.load(sorted_rows_ptr + b, mask=b < hi, other=-1)
         before = tl.load(sorted_rows_ptr + b - 1, mask=(b > lo) & (b < hi), other=-2)
-        inside = row == before
-        later = inside & (b + PIECE < hi)
-        earlier = inside & (b - PIECE - 1 >= lo)
-        multi = later & (tl.load(sorted_rows_ptr + b + PIECE, mask=later, other=-3) == row)
-        multi |= earlier & (tl.load(sorted_rows_ptr + b - PIECE, mask=earlier, other=-3) == row) & (
-            tl.load(sorted_rows_ptr + b - PIECE - 1, mask=earlier, other=-3) == row)
-        if multi:
+        if _another_grid_point(sorted_rows_ptr, b, row, row == before, hi, PIECE):
             total = _unit_sums(sorted_rows_ptr, child_sums_ptr, group * FAN_IN, (group + 1) * FAN_IN, unit_ids, 0, hi,
                                row, 0, slot_stride, cols, FAN_IN)  # fmt: skip
             tl.store(group_sums_ptr + group * slot_stride + cols, total)

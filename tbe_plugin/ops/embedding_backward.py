@@ -352,7 +352,7 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
 
 
 def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-                 classes, launch, pooled=True) -> None:  # fmt: skip
+                 classes, launch, pooled) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
     long runs' segment and group sums and the long runs themselves."""
     sorted_rows = sorted_operands[0]
@@ -421,15 +421,13 @@ MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
 MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
 
 
-def _piece_records(sorted_operands, most_pieces: int, scaled: bool, like: bool = False):
-    """Per piece (``RunsLaunch.piece_records``): its row, flags, the row's start in the
-    weights, D, its first id's gradient row and factor; ~33 bytes a piece (upper bound:
-    an id's worth of pieces plus a cell's). ``like``: ``sorted_operands`` are records
-    already (their row dtype is the keys')."""
-    sorted_rows = sorted_operands[0]
-    device = sorted_rows.device
+def _piece_records(keys: torch.Tensor, most_pieces: int, scaled: bool):
+    """Per piece (``RunsLaunch.piece_records``): its row (``keys``' dtype), flags, the row's
+    start in the weights, D, its first id's gradient row and factor; ~33 bytes a piece
+    (upper bound: an id's worth of pieces plus a cell's)."""
+    device = keys.device
     return (
-        torch.empty(most_pieces, dtype=sorted_rows.dtype, device=device),
+        torch.empty(most_pieces, dtype=keys.dtype, device=device),
         torch.empty(most_pieces, dtype=torch.int8, device=device),
         torch.empty(most_pieces, dtype=torch.int64, device=device),
         torch.empty(most_pieces, dtype=torch.int32, device=device),
@@ -451,7 +449,7 @@ def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, rec
     device = grad_output.device
     grad_rows = grad_output.shape[0]
     buckets = torch.zeros(num_classes * grad_rows, dtype=torch.int32, device=device)
-    out = _piece_records(records, size, scaled, like=True)
+    out = _piece_records(records[0], size, scaled)
     starts, stops = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     grid = (sms * ORDER_PROGRAMS_PER_SM,)
     common = (class_piece_pos, num_classes, piece_starts, *records)
@@ -484,7 +482,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     class_piece_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
-    records = _piece_records(sorted_operands, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
+    records = _piece_records(sorted_rows, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
     marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, num_warps=MARKS_WARPS)
     _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, WRITE=False,
                                    **marks)  # fmt: skip

@@ -171,6 +171,11 @@ def _unpooled_forward_kernel(
         )
 
 
+def pooled_tile(dim: int) -> int:
+    """The pooled kernel's column block for rows of ``dim``: a power of two, 16 to 128."""
+    return max(16, min(triton.next_power_of_2(max(dim, 1)), 128))
+
+
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages) for a pooled launch, by shape class.
 
@@ -179,7 +184,7 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
     From a sweep on an H200 (``tbe_plugin.benchmarks.tune_forward``): one warp per
     program won at every shape, with 16-32 ids per step and 128-column blocks.
     """
-    block_d = max(16, min(triton.next_power_of_2(max(max_dim, 1)), 128))
+    block_d = pooled_tile(max_dim)
     if avg_len <= 1.5:
         bags, block_l = 16, 1
     elif avg_len <= 3:
@@ -285,7 +290,7 @@ def pooled_tile_classes(dims: Sequence[int]) -> List[Tuple[int, Tuple[int, ...]]
     does not run in a 128-column tile beside a table of D=128 (mixed D)."""
     groups: Dict[int, List[int]] = {}
     for f, d in enumerate(dims):
-        groups.setdefault(max(16, min(triton.next_power_of_2(max(d, 1)), 128)), []).append(f)
+        groups.setdefault(pooled_tile(d), []).append(f)
     return [(tile, tuple(features)) for tile, features in sorted(groups.items())]
 
 

@@ -21,7 +21,7 @@
 source "$(dirname "$0")/device_common.sh"
 
 echo "=== gpu tests $(date +%T)"
-[ "${TESTS:-1}" = 0 ] || timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_embedding_backward.py tests/ops/test_backward_graphs.py \
+[ "${TESTS:-1}" = 0 ] || timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_embedding_backward.py tests/ops/test_backward_pieces.py tests/ops/test_backward_graphs.py \
   tests/test_fbgemm_parity.py 2>&1 | tee "$OUT/gpu_bwd_tests.log" | tail -15
 
 echo "=== host profile $(date +%T)"

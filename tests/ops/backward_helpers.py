@@ -1,0 +1,73 @@
+"""What the backward's tests share: the optimizers, small mixed-D tables, a module built
+on them, and a pure-PyTorch trainer to compare it with after every step (the reference
+aggregates duplicate ids densely and applies ``optimizer_step_reference`` to the touched
+rows in fp32, then rounds to the weights' dtype)."""
+
+import torch
+
+from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.ops.reference import aggregate_row_gradients, optimizer_step_reference
+from tests.helpers import make_bags
+
+OPTIMIZERS = ["EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB"]
+ROWWISE_STATE = {"EXACT_ROWWISE_ADAGRAD": ("row",), "PARTIAL_ROWWISE_ADAM": ("element", "row")}
+SPECS = [(23, 8), (9, 20), (30, 4)]
+FEATURE_TABLE_MAP = [0, 1, 2, 0]
+DTYPE_NAMES = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16"}
+WEIGHT_TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+class ReferenceTrainer:
+    """The module's tables and states, trained by the pure-PyTorch reference."""
+
+    def __init__(self, emb, optimizer, **hyper):
+        self.emb, self.optimizer, self.hyper, self.step = emb, optimizer, hyper, 0
+        self.tables = [w.detach().clone() for w in emb.split_embedding_weights()]
+        self.states = [[s.detach().clone() for s in table] for table in emb.split_optimizer_states()]
+
+    def train(self, indices, offsets, grad_output, psw):
+        self.step += 1
+        grads, touched = aggregate_row_gradients(
+            self.tables, self.emb.feature_table_map, indices, offsets, grad_output, psw,
+            int(self.emb.pooling_mode),
+        )  # fmt: skip
+        for t, table in enumerate(self.tables):
+            rows = touched[t]
+            w = table[rows].float()
+            states = [s[rows] for s in self.states[t]] if self.states else []
+            states += [None] * (2 - len(states))
+            optimizer_step_reference(self.optimizer, w, grads[t][rows], *states, self.step, **self.hyper)
+            table[rows] = w.to(table.dtype)
+            for s, new in zip(self.states[t] if self.states else [], states):
+                s[rows] = new
+
+    def assert_matches(self, emb):
+        dtype = emb.weights_precision
+        for ours, ref in zip(emb.split_embedding_weights(), self.tables):
+            torch.testing.assert_close(ours.float(), ref.float(), atol=WEIGHT_TOL[dtype], rtol=WEIGHT_TOL[dtype])
+        for ours_t, ref_t in zip(emb.split_optimizer_states(), self.states):
+            for ours, ref in zip(ours_t, ref_t):
+                torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
+
+
+def build(optimizer, pooling="SUM", dtype=torch.float32, specs=SPECS, ftm=FEATURE_TABLE_MAP, device="cpu", **kwargs):
+    emb = TritonTableBatchedEmbeddingBags(
+        specs, feature_table_map=ftm, optimizer=optimizer, pooling_mode=pooling,
+        weights_precision=DTYPE_NAMES[dtype], stochastic_rounding=False, device=device, **kwargs,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    emb.init_embedding_weights_uniform(-1.0, 1.0)
+    return emb
+
+
+def train_and_compare(emb, optimizer, steps=3, B=4, max_len=5, hot=0.3, weighted=False, **hyper):
+    reference = ReferenceTrainer(emb, optimizer, **hyper)
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    for step in range(steps):
+        indices, offsets = make_bags(rows, B=B, max_len=max_len, seed=100 + step, hot_fraction=hot)
+        psw = torch.rand(indices.numel()) if weighted else None
+        out = emb(indices, offsets, psw)
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(step))
+        out.backward(grad.to(out.dtype))
+        reference.train(indices, offsets, grad, psw)
+        reference.assert_matches(emb)

@@ -1,0 +1,216 @@
+"""The backward's pieces design (``ops.backward_pieces``, the default) on the CPU
+interpreter: against the training reference, against the chunk design where sums are
+exact, bit for bit from run to run and across its options; its marks kernel's lists."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.ops.backward_launch import RunsLaunch
+from tests.helpers import assert_bitwise_equal, make_bags
+from tests.ops.backward_helpers import FEATURE_TABLE_MAP, OPTIMIZERS, SPECS, build, train_and_compare
+
+# The ``pieces`` design (``ops.backward_pieces``), at sizes that make a few hundred ids
+# cross every level: cells of 4 ids (runs of 4 fill one; runs cross cell edges), groups of
+# 2 cells and supergroups of 4 groups (32 ids: the hot row walks several supergroups).
+PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, piece_warps=1, tree_warps=1,
+                    piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
+
+
+@pytest.mark.parametrize("records, order", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "records", "ordered"])  # fmt: skip
+def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order):
+    """One row in most lookups (its run crosses many cells, groups and supergroups),
+    the others' runs shorter, longer and exactly as long as a cell, starting anywhere;
+    with and without the per-piece records, and visited by gradient row."""
+    emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_pieces_every_optimizer(optimizer):
+    """Every optimizer's update from the pieces kernel (whole runs) and the multi-run
+    kernel (runs crossing a cell edge), MEAN pooling with per-sample weights."""
+    emb = build(optimizer, "MEAN", learning_rate=0.05)
+    # Cells of 2 ids; a program per RUNS pieces for the odd optimizers, looping for the even.
+    emb.backward_launch = dataclasses.replace(PIECES, piece_ids=2, piece_programs_per_sm=OPTIMIZERS.index(optimizer) % 2)
+    train_and_compare(emb, optimizer, steps=1, B=6, max_len=8, hot=0.6, weighted=True, lr=0.05)
+
+
+def dyadic(shape, seed, scale=8):
+    """Values k / scale, |k| <= scale: every sum of a few thousand of them (and of their
+    products with other such values) is exact in fp32, in any order."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-scale, scale + 1, shape, generator=g).float() / scale
+
+
+def step_both_designs(optimizer, dtype=torch.float32, specs=SPECS, ftm=FEATURE_TABLE_MAP, B=6, hot=0.7, seed=0):
+    """One step of the chunk design and of the pieces design from the same weights, on the
+    same batch with dyadic gradients and per-sample weights; both modules."""
+    modules = []
+    for launch in (RunsLaunch(design="chunks"), PIECES):
+        emb = build(optimizer, dtype=dtype, specs=specs, ftm=ftm, learning_rate=0.05)
+        emb.backward_launch = launch
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        indices, offsets = make_bags(rows, B=B, max_len=10, seed=seed, hot_fraction=hot)
+        psw = dyadic((indices.numel(),), seed + 1, scale=4)
+        out = emb(indices, offsets, psw)
+        out.backward(dyadic(out.shape, seed).to(out.dtype))
+        modules.append(emb)
+    return modules
+
+
+@pytest.mark.parametrize(
+    "optimizer, dtype, specs, ftm",
+    [
+        ("EXACT_ROWWISE_ADAGRAD", torch.float16, [(23, 8), (9, 20), (30, 4), (12, 40), (7, 130)], [0, 1, 2, 3, 4, 0]),
+        ("LAMB", torch.bfloat16, [(23, 8)], [0]),
+        ("ADAM", torch.float32, SPECS, FEATURE_TABLE_MAP),
+    ],
+    ids=["rowwise-fp16-five-tiles", "lamb-bf16-one-table", "adam-fp32"],
+)
+def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, specs, ftm):
+    """Where every sum is exact (dyadic gradients and weights), the order of sums cannot
+    show: then both designs must give the same tables and states bit for bit (the same
+    rows updated once each, by the same formulas, with the same gradient)."""
+    chunks, pieces = step_both_designs(optimizer, dtype, specs, ftm)
+    assert_bitwise_equal(chunks, pieces)
+    assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
+
+
+@pytest.mark.parametrize("second", ["same", "records", "ordered"])
+def test_pieces_deterministic_with_inexact_sums(second):
+    """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
+    bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
+    records (``piece_records``: the same operands, read from the records), and one that
+    visits the pieces in the order of their gradient rows (``piece_order``: an order the
+    atomics choose, on which no sum depends)."""
+    results = []
+    second_launch = dataclasses.replace(PIECES, piece_records=second != "same", piece_order=second == "ordered")
+    for launch in (PIECES, second_launch):
+        emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
+        emb.backward_launch = launch
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        indices, offsets = make_bags(rows, B=6, max_len=10, seed=3, hot_fraction=0.8)
+        out = emb(indices, offsets)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)))
+        results.append(emb)
+    assert_bitwise_equal(*results)
+
+
+def test_pieces_empty_batch_and_empty_bags():
+    """A batch of empty bags changes nothing; one table with empty bags among others
+    trains as the reference does."""
+    emb = build("EXACT_ADAGRAD", specs=[(23, 8)], ftm=[0], learning_rate=0.05)
+    emb.backward_launch = PIECES
+    before = emb.weights.clone()
+    out = emb(torch.zeros(0, dtype=torch.int64), torch.zeros(5, dtype=torch.int64))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(emb.weights, before)
+    train_and_compare(emb, "EXACT_ADAGRAD", steps=1, B=8, max_len=3, hot=0.5, lr=0.05)
+
+
+def test_piece_marks_list_pieces_and_multi_runs():
+    """Cells of 4 ids: a piece starts at every run's first id, at every multiple of 4
+    after the head of a run that holds two or more of them (a multi run; a run with one
+    is a whole piece of up to 7 ids), and at the end of the valid ids (sentinels after
+    it). Two blocks of 16 positions:
+    the counts are one vector (pieces per block, then multi runs per block) whose 1-D
+    running totals place the second block's marks after the first's; each class bound's
+    block writes how many pieces and multi runs lie before it; the per-piece records hold
+    each piece's row, flags (1: a run's head, 2: the whole run) and first id's operands."""
+    from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
+
+    records = None
+
+    def marks(rows, class_pos):
+        nonlocal records
+        n = rows.numel()
+        operands = (rows, torch.arange(n) * 10, torch.full((n,), 4, dtype=torch.int32), torch.arange(n) * 100,
+                    torch.arange(n, dtype=torch.float32))  # fmt: skip
+        counts = torch.empty(4, dtype=torch.int32)
+        starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
+        piece_pos, multi_pos = (torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(2))
+        records = (torch.full((32,), -1, dtype=rows.dtype), torch.full((32,), -1, dtype=torch.int8),
+                   torch.full((32,), -1), torch.full((32,), -1, dtype=torch.int32), torch.full((32,), -1),
+                   torch.full((32,), -1.0))  # fmt: skip
+        args = (*operands, class_pos, len(class_pos) - 1)
+        lists = (starts, multi, piece_pos, multi_pos, *records)
+        flags = dict(PIECE=4, BLOCK=16, RECORDS=True, SCALED=True)
+        _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
+        counted = counts.tolist()
+        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, **flags)
+        return counted, starts, multi, piece_pos.tolist(), multi_pos.tolist()
+
+    sentinel = torch.iinfo(torch.int32).max
+    rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],
+                        dtype=torch.int32)  # fmt: skip
+    counted, starts, multi, piece_pos, multi_pos = marks(rows, torch.tensor([0, 12, 21]))
+    assert counted == [6, 4, 1, 0]  # pieces in blocks 0, 1; multi runs in blocks 0, 1
+    # Row 0 holds 4 and 8 after its head: cut at both; row 5 (12..16) holds only 16: whole.
+    assert starts[:11].tolist() == [0, 4, 8, 9, 10, 12, 17, 18, 20, 21, -1]
+    assert multi[:2].tolist() == [0, -1]
+    assert piece_pos == [0, 5, 9] and multi_pos == [0, 1, 1]  # the second class's first piece: 12's
+    row, flag, w_start, dim, grad_offset, scale = (r[:9].tolist() for r in records)
+    assert row == [0, 0, 0, 1, 2, 5, 7, 8, 9] and flag == [1, 0, 0, 3, 3, 3, 3, 3, 3]
+    piece_first = starts[:9]
+    assert w_start == (piece_first * 10).tolist() and grad_offset == (piece_first * 100).tolist()
+    assert dim == [4] * 9 and scale == piece_first.float().tolist()
+    # A multi run in the second block lands after the first block's; one class.
+    rows2 = torch.tensor([3] * 2 + [4] * 14 + [6] * 6 + [sentinel], dtype=torch.int32)
+    counted, starts, multi, piece_pos, multi_pos = marks(rows2, torch.tensor([0, 22]))
+    assert counted == [5, 2, 1, 0]  # row 4 (2..15) holds 4, 8, 12; row 6 (16..21) only 20: whole
+    assert starts[:8].tolist() == [0, 2, 4, 8, 12, 16, 22, -1]
+    assert multi[:2].tolist() == [2, -1]
+    assert piece_pos == [0, 6] and multi_pos == [0, 1]
+    # Multi runs in both blocks, one of them found by its earlier grid point (20: 16 is
+    # after row 4's head at 12); a run starting on a grid point with one more (24..28).
+    rows3 = torch.tensor([1] + [2] * 9 + [3] * 2 + [4] * 9 + [5] * 3 + [6] * 5 + [sentinel] * 3, dtype=torch.int32)
+    counted, starts, multi, piece_pos, multi_pos = marks(rows3, torch.tensor([0, 29]))
+    assert counted == [6, 5, 2, 0]
+    assert starts[:12].tolist() == [0, 1, 4, 8, 10, 12, 16, 20, 21, 24, 29, -1]
+    assert multi[:3].tolist() == [1, 12, -1]
+    assert records[1][:10].tolist() == [3, 1, 0, 0, 3, 1, 0, 0, 3, 3]
+    assert piece_pos == [0, 10] and multi_pos == [0, 2]
+    # An empty class between two others: its bounds are the next class's first position.
+    counted, starts, multi, piece_pos, multi_pos = marks(rows, torch.tensor([0, 12, 12, 21]))
+    assert piece_pos == [0, 5, 5, 9] and multi_pos == [0, 1, 1, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
+def test_pieces_design_on_cuda(optimizer):
+    """Zipf(1.15) ids over tables of tiles 16, 128 and 512 (B=16384): two runs of the pieces
+    design agree bit for bit, and with the chunk design up to the order of fp32 sums."""
+    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
+    torch.manual_seed(0)
+    ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
+    indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()
+    offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
+    grad = torch.rand(B, sum(dims), device="cuda") - 0.5
+    modules = []
+    for launch in (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), None):
+        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
+                                              device="cuda")  # fmt: skip
+        with torch.no_grad():
+            for t, w in enumerate(emb.split_embedding_weights()):
+                w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(t)).cuda() - 0.5)
+        emb.backward_launch = launch
+        emb(indices, offsets).backward(grad)
+        modules.append(emb)
+    assert_bitwise_equal(modules[0], modules[1])
+    torch.testing.assert_close(modules[0].weights, modules[2].weights, atol=1e-5, rtol=1e-5)
+
+
+def test_pieces_int64_row_keys(monkeypatch):
+    """Row keys sorted as int64 (2**31 rows or more in all): the pieces design's results
+    are the reference's too."""
+    from tbe_plugin.ops import embedding_backward
+
+    monkeypatch.setattr(embedding_backward, "INT32_KEYS_BELOW", 0)
+    emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
+    emb.backward_launch = PIECES
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.7, weighted=True, lr=0.05)

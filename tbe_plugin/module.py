@@ -289,7 +289,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         # their heuristic. Tests and profilers set another.
         self.backward_launch: Optional[RunsLaunch] = None
         # The backwards captured as CUDA graphs, for batches the launch says to graph
-        # (``RunsLaunch.graph_max_ids``; none by default).
+        # (``RunsLaunch.graph_max_ids``: up to 2**20 ids by default).
         self.backward_graphs = BackwardGraphs()
         # Bounds-check counters, filled by the kernels (FBGEMM: bounds_check_warning).
         self.register_buffer("bounds_check_status", new_status(self.device), persistent=False)

@@ -75,24 +75,24 @@ def _pooled_forward_kernel(
     cols = d_start + tl.arange(0, BLOCK_D)
     col_mask = cols < dim
     acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
-    # BLOCK_L ids of each bag a step, their rows loaded together and added one after
-    # another: a bag's sum is ((0 + r0) + r1) + ... whatever the launch sizes (as FBGEMM's
-    # forward adds them), so that a change of BAGS or BLOCK_L changes no bit of the output.
+    # Tiles are [BLOCK_L, BAGS, BLOCK_D]: Triton lays threads along D, then warps along
+    # bags, so the sum over a bag's ids stays inside each thread's registers.
     for l0 in range(0, max_len, BLOCK_L):
-        for u in tl.static_range(BLOCK_L):
-            slot_mask = (l0 + u) < length  # [BAGS]
-            pos = start + l0 + u
-            ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
-            # Written as a multiple of ALIGN so that Triton can prove row starts aligned
-            # and read rows with vector loads.
-            row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
-            vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :],
-                           mask=slot_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
-            if WEIGHTED:
-                w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
-                acc = tl.fma(vals, w.to(tl.float32)[:, None], acc)  # one rounding, as FBGEMM's fma
-            else:
-                acc += vals
+        l = l0 + tl.arange(0, BLOCK_L)
+        slot_mask = l[:, None] < length[None, :]  # [BLOCK_L, BAGS]
+        pos = start[None, :] + l[:, None]
+        ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
+        # Written as a multiple of ALIGN so that Triton can prove row starts aligned
+        # and read rows with vector loads.
+        row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
+        ptrs = weights_ptr + row_start[:, :, None] + cols[None, None, :]
+        vals = tl.load(
+            ptrs, mask=slot_mask[:, :, None] & col_mask[None, None, :], other=0.0
+        ).to(tl.float32)
+        if WEIGHTED:
+            w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
+            vals = vals * w.to(tl.float32)[:, :, None]
+        acc += tl.sum(vals, axis=0)
     if MEAN:
         inv = tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
         acc = acc * inv[:, None]

@@ -15,6 +15,7 @@ from tests.helpers import assert_bitwise_equal, make_bags
 SPECS = [(23, 8), (9, 20), (30, 4)]
 FTM = [0, 1, 2, 0]
 GRAPHED = RunsLaunch(graph_max_ids=1 << 20)
+EAGER = RunsLaunch(graph_max_ids=0)
 
 
 def test_buckets_cover_every_size_with_bounded_padding():
@@ -84,8 +85,9 @@ def test_when_the_padded_path_applies():
     ids, offsets = torch.zeros(10, dtype=torch.int64), torch.tensor([0, 4, 10])
     assert graphs.applies(RunsLaunch(graph_max_ids=10), ids, offsets)
     assert not graphs.applies(RunsLaunch(graph_max_ids=9), ids, offsets)  # too many ids
-    assert not graphs.applies(RunsLaunch(), ids, offsets)  # the default never graphs
-    assert not graphs.applies(None, ids, offsets)
+    assert graphs.applies(RunsLaunch(), ids, offsets)  # the default graphs small batches
+    assert graphs.applies(None, ids, offsets)
+    assert not graphs.applies(EAGER, ids, offsets)
     assert not graphs.applies(RunsLaunch(graph_max_ids=10), ids[:0], torch.tensor([0, 0, 0]))  # empty batch
     assert not BackwardGraphs(capture=True).applies(RunsLaunch(graph_max_ids=10), ids, offsets)  # CPU: no graphs
     with pytest.raises(ValueError, match="graph_max_ids"):
@@ -122,8 +124,7 @@ def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted):
                                               stochastic_rounding=dtype == "FP16", learning_rate=0.01, device="cuda")
         with torch.no_grad():
             emb.weights.copy_(torch.rand(emb.weights.shape, generator=torch.Generator().manual_seed(0)).cuda() - 0.5)
-        if graphed:
-            emb.backward_launch = GRAPHED
+        emb.backward_launch = GRAPHED if graphed else EAGER
         modules.append(emb)
     generator = torch.Generator().manual_seed(1)
     for step, L in enumerate((20, 21, 20, 9, 20)):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call (~6 minutes) that measures HEAD's defaults: the GPU tests of the forward,
 # the backward's CUDA graphs and FBGEMM parity; the kernel suite (forward and backward against
-# FBGEMM, 5 timed rounds); the end-to-end DLRM benchmark under the four pipelines. Results
-# under $OUT: device.txt, gpu_tests.log, backward.json, backward.md, e2e.json, e2e.md, e2e.log.
+# FBGEMM, 5 timed rounds); the end-to-end DLRM benchmark under the four pipelines; a short forward sweep on the
+# end-to-end tables (TUNE=0 skips it). Results
+# under $OUT: device.txt, gpu_tests.log, backward.json, backward.md, e2e.json, e2e.md, e2e.log, tune_forward.json.
 # After the GPU stack's first call (../shared/device/README.md), with the carry of part b:
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_head.sh
 source "$(dirname "$0")/device_common.sh" "HEAD's defaults"
@@ -17,4 +18,9 @@ echo "=== e2e $(date +%T)"
 timeout ${E2E_TIMEOUT:-150} python3 -m pipelines.bench.e2e --out "$OUT" --pipelines sparsedist,stale1,semisync,stale0 2>&1 \
   | grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT" \
   | tee "$OUT/e2e.log" | tail -14
+if [ "${TUNE:-1}" != 0 ]; then
+  echo "=== forward sweep $(date +%T)"
+  timeout ${TUNE_TIMEOUT:-60} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" --shapes ctr-dlrm \
+    --budget ${TUNE_BUDGET:-24} 2>&1 | grep "ms" | tail -3
+fi
 echo "=== done $(date +%T)"

@@ -64,19 +64,29 @@ def candidates(L: int, max_dim: int, elem: int, first=()):
         bags = ids_per_step // block_l
         if block_l > min(max_l, ids_per_step) or ids_per_step * block_d * elem > 32768:
             continue
-        if (bags, block_l, block_d, 1, stages) not in first:
-            yield bags, block_l, block_d, 1, stages
+        for prefetch in (0, 1) if stages == 1 else (0,):
+            config = (bags, block_l, block_d, 1, stages, prefetch)
+            if config not in first and config[:5] not in first:
+                yield config
 
 
 def production_first(max_dim: int, elem: int):
-    """Configs tried first on Poisson bags of mixed lengths: a warp per bag over 8 or 16
-    ids a step (FBGEMM's forward gives each bag a warp), several bags on a warp each (2-4
-    warps a program), and the fixed-length heuristic's tiles."""
+    """Configs tried first on Poisson bags of mixed lengths (5 values: no PREFETCH; 6: the
+    sixth is PREFETCH): a warp per bag over 8 or 16 ids a step (FBGEMM's forward gives
+    each bag a warp), several bags on a warp each (2-4 warps a program), and the
+    fixed-length heuristic's tiles."""
     block_d = max(16, min(triton.next_power_of_2(max_dim), 128))
     configs = [(1, block_l, block_d, 1, stages) for block_l in (8, 16) for stages in (1, 2, 3)]
     configs += [(bags, block_l, block_d, bags, stages) for bags in (2, 4) for block_l in (4, 8) for stages in (1, 2)]
     configs += [(16, 2, block_d, 1, 3), (8, 4, block_d, 1, 3), (16, 1, block_d, 1, 3)]
-    return tuple(configs)
+    # With each step's ids loaded a step ahead (PREFETCH), first: a step then waits on one
+    # memory latency instead of two. A warp a bag, 4-8 rows of a bag in flight a thread
+    # (sm_90: 96 registers at (1, 8), no spills), 1-8 warps a program (1-warp programs stop
+    # at 32 a multiprocessor); then the heuristic's tiles (254 registers at (16, 2), spilling).
+    ahead = [(bags, block_l, block_d, bags, 1, 1) for bags, block_l in ((1, 8), (1, 4), (2, 4), (4, 4), (2, 8), (4, 8),
+                                                                         (8, 4), (1, 16))]  # fmt: skip
+    ahead += [(16, 2, block_d, 1, 1, 1), (8, 4, block_d, 1, 1, 1)]
+    return tuple(ahead + configs)
 
 
 def time_ms(fn, iters=30):

@@ -52,6 +52,7 @@ def _pooled_forward_kernel(
     BAGS: tl.constexpr,  # bags per program
     BLOCK_L: tl.constexpr,  # ids per bag read per step
     BLOCK_D: tl.constexpr,  # columns per program
+    PREFETCH: tl.constexpr,  # load the next step's ids while this step's rows are read
 ):
     pid_bag = tl.program_id(0)
     pid_work = tl.program_id(1)
@@ -77,11 +78,21 @@ def _pooled_forward_kernel(
     acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
     # Tiles are [BLOCK_L, BAGS, BLOCK_D]: Triton lays threads along D, then warps along
     # bags, so the sum over a bag's ids stays inside each thread's registers.
+    steps = tl.arange(0, BLOCK_L)
+    if PREFETCH:
+        # A step's row loads wait on its ids: without PREFETCH every step pays two memory
+        # latencies one after the other (ids, then rows); with it the next step's ids are
+        # in flight beside this step's rows, so a step pays about one.
+        first_mask = steps[:, None] < length[None, :]
+        next_ids = _checked_ids(indices_ptr, start[None, :] + steps[:, None], first_mask, rows, status_ptr, CHECK)
     for l0 in range(0, max_len, BLOCK_L):
-        l = l0 + tl.arange(0, BLOCK_L)
+        l = l0 + steps
         slot_mask = l[:, None] < length[None, :]  # [BLOCK_L, BAGS]
         pos = start[None, :] + l[:, None]
-        ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
+        if PREFETCH:
+            ids = next_ids
+        else:
+            ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
         # Written as a multiple of ALIGN so that Triton can prove row starts aligned
         # and read rows with vector loads.
         row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
@@ -89,6 +100,10 @@ def _pooled_forward_kernel(
         vals = tl.load(
             ptrs, mask=slot_mask[:, :, None] & col_mask[None, None, :], other=0.0
         ).to(tl.float32)
+        if PREFETCH:
+            ahead = (l + BLOCK_L)[:, None]
+            next_ids = _checked_ids(indices_ptr, start[None, :] + ahead, ahead < length[None, :], rows, status_ptr,
+                                    CHECK)  # fmt: skip
         if WEIGHTED:
             w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
             vals = vals * w.to(tl.float32)[:, :, None]
@@ -178,6 +193,7 @@ def pooled_tile(dim: int) -> int:
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages) for a pooled launch, by shape class.
+    (``forward_into`` takes a sixth value, PREFETCH, 0 when absent.)
 
     Each program is one warp reading a [BLOCK_L, BAGS, BLOCK_D] tile of rows per step:
     many short bags per program when bags are short, a long BLOCK_L when they are long.
@@ -249,14 +265,14 @@ def forward_into(
         return
     if B == 0:
         return
-    bags, block_l, block_d, num_warps, num_stages = config
+    bags, block_l, block_d, num_warps, num_stages, *prefetch = config
     grid = (triton.cdiv(B, bags), work_items.shape[0])
     _pooled_forward_kernel[grid](
         weights, feature_meta, work_items, indices, offsets, psw, out, status,
         B, num_features * B, num_indices, out.stride(0),
         MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
-        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=num_warps,
-        num_stages=num_stages,
+        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=bool(prefetch and prefetch[0]),
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 

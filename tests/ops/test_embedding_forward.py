@@ -178,8 +178,8 @@ def test_rows_wider_than_one_column_block(weights_dtype):
 @pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_every_launch_size_sums_the_bags(pooling, weighted):
-    """Every pooled launch config (bags per program, ids per step, column block, warps)
-    gives the reference's sums, and the same config the same bits twice. (The sum over a
+    """Every pooled launch config (bags per program, ids per step, column block, warps, ids
+    loaded a step ahead or not) gives the reference's sums, and the same config the same bits twice. (The sum over a
     step's ids is a tree, so two configs may differ in the last bits: adding a bag's rows one
     after another, FBGEMM's order, made the H200 forward 1.2-2.3x slower at d7a99c8.) Bags of
     0-23 ids, so that steps of 1 to 16 ids end inside and at the ends of bags."""
@@ -189,13 +189,15 @@ def test_every_launch_size_sums_the_bags(pooling, weighted):
     indices, offsets = make_bags(rows_of(emb), B=5, max_len=23, seed=8, hot_fraction=0.3)
     psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(8)) if weighted else None
     expected = reference(emb, indices, offsets, psw)
-    for bags, block_l, block_d, warps in [(16, 2, 64, 1), (1, 16, 64, 1), (4, 4, 16, 2), (8, 1, 32, 1), (2, 8, 64, 2)]:
+    configs = [(16, 2, 64, 1, 0), (1, 16, 64, 1, 0), (4, 4, 16, 2, 0), (8, 1, 32, 1, 0), (2, 8, 64, 2, 0),
+               (16, 2, 64, 1, 1), (1, 4, 64, 1, 1), (4, 4, 16, 2, 1)]  # the last value: PREFETCH
+    for bags, block_l, block_d, warps, prefetch in configs:
         outputs = []
         for _ in range(2):
             out = torch.empty(5, sum(emb.feature_dims))
             forward_into(out, emb.weights, emb.feature_meta, _work_items(emb.feature_dims, block_d, emb.device), indices,
                          offsets, psw, emb.bounds_check_status, int(emb.pooling_mode), int(emb.bounds_check_mode),
-                         emb._align, (bags, block_l, block_d, warps, 1))  # fmt: skip
+                         emb._align, (bags, block_l, block_d, warps, 1, prefetch))  # fmt: skip
             outputs.append(out)
         assert torch.equal(outputs[0], outputs[1])
         assert_tbe_close(outputs[0], expected, 23)

@@ -97,3 +97,177 @@ def check_report(out, before):
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
     records = [json.loads(line) for line in (out / "run1_fbgemm" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4]  # every 2 steps and at the end
+
+
+# The report of a cut A/B (synthetic metrics, no training): written from the runs finished so
+# far, saying which are missing; each comparison that needs a missing run says it cannot be made.
+
+ENV = {"git_commit": "abc123", "git_dirty": False, "git_changed": [], "device": "cuda:0", "device_name": "H200",
+       "cuda": "12.4", "torch": "2.5", "triton": "3.1", "fbgemm_gpu": "1.0", "torchrec": "1.0", "python": "3.11",
+       "triton_interpret": None}  # fmt: skip
+
+
+def _fake_run(backend, ms=10.0, steps=6, loss_shift=0.0, timing=True):
+    """A finished run as ``load_run`` gives it: 6 steps of ``ms`` (the first 10x: warm-up),
+    an evaluation, profiled phases, the final metrics; timing as ``run_training`` records it."""
+    step_ms = [10 * ms] + [ms] * (steps - 1)
+    run = {"backend": backend, "config": {"world_size": 1, "batch_size": 100, "staleness": 0, "steps": steps},
+           "step": [{"step": i + 1, "loss": 1.0 - 0.1 * i + loss_shift, "step_ms": t, "examples_per_s": 1e5 / t}
+                    for i, t in enumerate(step_ms)],
+           "eval": [{"step": steps, "auc": 0.7, "log_loss": 0.5, "optimal_auc": 0.8, "optimal_log_loss": 0.4}],
+           "phases": {"tbe_forward": 1.0, "tbe_backward": 2.0, "all_to_all": 0.0, "dense_and_other": 3.0,
+                      "total_ms": 6.0, "step_ms": ms, "timing": "device kernels"},
+           "final": {"first_loss": 1.0, "last_loss": 0.6, "auc": 0.7, "optimal_auc": 0.8, "auc_gap": 0.1,
+                     "log_loss": 0.5, "optimal_log_loss": 0.4, "excess_log_loss": 0.1}}  # fmt: skip
+    if timing:
+        run["timing"] = {"wall_s": 60.0, "returncode": 0, "config_at_s": 20.0, "first_step_at_s": 21.0,
+                         "last_step_at_s": 50.0, "phases_at_s": 30.0, "eval_at_s": [[steps, 55.0]],
+                         "final_at_s": 55.0}  # fmt: skip
+    return run
+
+
+def _report(ab, tmp_path, runs, missing, monkeypatch):
+    monkeypatch.setattr(ab, "plot", lambda runs, out, skip: [])  # matplotlib: tested by the --report-only test
+    summary = ab.report(runs, tmp_path, 1, ["steps=6"], ENV, "python scripts/ab.py", missing)
+    return (tmp_path / "report.md").read_text(), json.loads((tmp_path / "summary.json").read_text()), summary
+
+
+def test_partial_report_of_three_runs_of_four(tmp_path, monkeypatch):
+    ab = _ab_module()
+    runs = {"run1_fbgemm": _fake_run("fbgemm"), "run2_triton": _fake_run("triton", 8.0, loss_shift=1e-3),
+            "run3_triton": _fake_run("triton", 8.4, loss_shift=1e-3)}  # fmt: skip
+    text, summary, _ = _report(ab, tmp_path, runs, {"run4_fbgemm": "not run yet"}, monkeypatch)
+    lines = text.splitlines()
+    assert lines[0].startswith("# A/B")
+    assert lines[2].startswith("**partial: 3 of 4 runs** (run4_fbgemm missing: not run")  # at the top
+    assert "Done: run1_fbgemm, run2_triton, run3_triton." in lines[2]
+    assert summary["missing"] == {"run4_fbgemm": "not run yet"} and summary["order"] == list(runs)
+    comparison = summary["comparison"]
+    assert comparison["ratio"] == pytest.approx(10 * (1 / 8 + 1 / 8.4) / 2)  # both backends ran: a ratio ...
+    assert comparison["noise"] is None and comparison["inside_noise"] is None  # ... but fbgemm's noise is unknown
+    assert comparison["backends"]["fbgemm"]["relative_range"] is None
+    assert "| fbgemm | 1 |" in text and "n/a (1 run)" in text
+    assert "noise is unknown (fbgemm: a single timed run)" in text and summary["noise_sentence"] in text
+    divergence = summary["divergence"]
+    assert divergence["fbgemm vs triton"]["max_abs"] == pytest.approx(1e-3)
+    assert divergence["triton run to run"]["max_abs"] == 0.0
+    assert divergence["fbgemm run to run"]["cannot"] == "only one finished run of fbgemm"
+    assert "| fbgemm run to run | cannot be made: only one finished run of fbgemm | n/a | 0 |" in text
+    assert "## Time per phase" in text and "## Quality against the optimum" in text
+
+
+def test_partial_report_of_one_run_of_four(tmp_path, monkeypatch):
+    ab = _ab_module()
+    missing = {"run2_triton": "not run yet", "run3_triton": "not run yet", "run4_fbgemm": "not run yet"}
+    text, summary, _ = _report(ab, tmp_path, {"run1_fbgemm": _fake_run("fbgemm")}, missing, monkeypatch)
+    assert "**partial: 1 of 4 runs** (run2_triton missing: not run yet; run3_triton missing" in text
+    assert summary["comparison"]["ratio"] is None and summary["comparison"]["noise"] is None
+    assert list(summary["comparison"]["backends"]) == ["fbgemm"]
+    assert "cannot be compared: no finished run of triton with timed steps" in text
+    assert summary["divergence"]["fbgemm vs triton"]["cannot"] == "no finished run of triton"
+    assert summary["divergence"]["triton run to run"]["cannot"] == "no finished run of triton"
+    assert "No profiled run of triton" in text and "| tbe_forward | 1.000 | n/a |" in text
+
+
+def test_complete_report_says_nothing_partial_and_where_each_runs_time_went(tmp_path, monkeypatch):
+    ab = _ab_module()
+    runs = {"run1_fbgemm": _fake_run("fbgemm"), "run2_triton": _fake_run("triton", 8.0),
+            "run3_triton": _fake_run("triton", 8.0), "run4_fbgemm": _fake_run("fbgemm", timing=False)}  # fmt: skip
+    text, summary, _ = _report(ab, tmp_path, runs, {}, monkeypatch)
+    assert "partial" not in text and summary["missing"] == {} and summary["partial"] is None
+    assert summary["comparison"]["ratio"] == pytest.approx(1.25) and summary["comparison"]["noise"] == 0.0
+    assert "cannot" not in text
+    time = summary["runs"][0]["time"]  # 6 steps: 100 ms then 5 of 10 ms; records at 20 s (config) .. 50 s (last step)
+    assert time["wall_s"] == 60.0 and time["steps_s"] == pytest.approx(0.15) and time["warmup_s"] == pytest.approx(0.1)
+    assert time["other_s"] == pytest.approx(59.85) and time["startup_s"] == 20.0 and time["loop_s"] == 30.0
+    assert time["loop_outside_steps_s"] == pytest.approx(29.85) and time["end_s"] == 10.0 and time["evals"] == 1
+    assert "| wall s | steps s (warm-up) | wall - steps s | start-up / in loop / end s |" in text
+    assert "| 60.0 | 0.1 (0.1) | 59.9 | 20.0 / 29.9 / 10.0 |" in text
+    assert summary["runs"][3]["time"]["wall_s"] is None and "| n/a | 0.1 (0.1) | n/a | n/a / n/a / n/a |" in text
+
+
+def test_record_watch_times_each_complete_metrics_line(tmp_path):
+    ab = _ab_module()
+    path = tmp_path / "metrics.jsonl"
+    watch = ab.RecordWatch(path)
+    watch.poll(0.5)  # no file yet
+    path.write_text('{"kind": "config", "step": null}\n{"kind": "step", "st')
+    watch.poll(1.0)
+    with open(path, "a") as f:
+        f.write('ep": 1, "loss": 1}\n{"kind": "step", "step": 2}\n{"kind": "eval", "step": 2}\n')
+        f.write('{"kind": "final", "step": 2}\n')
+    watch.poll(2.0)
+    assert watch.seen == [("config", None, 1.0), ("step", 1, 2.0), ("step", 2, 2.0), ("eval", 2, 2.0),
+                          ("final", 2, 2.0)]  # fmt: skip
+    marks = ab.arrival_marks(watch.seen)
+    assert marks == {"config_at_s": 1.0, "first_step_at_s": 2.0, "last_step_at_s": 2.0, "phases_at_s": None,
+                     "eval_at_s": [[2, 2.0]], "final_at_s": 2.0}  # fmt: skip
+
+
+def _write_run(out, name, run, cut_at=None):
+    """``run`` as the app and ``run_training`` write it into out/name; ``cut_at``: the metrics
+    file ends after that many step records, the last line half written (a run cut short)."""
+    folder = out / name
+    folder.mkdir(parents=True)
+    lines = [{"kind": "config", "step": None, **run["config"]}] + [{"kind": "step", **r} for r in run["step"]]
+    if cut_at is None:
+        lines += [{"kind": "phases", "step": 3, **run["phases"]}] + [{"kind": "eval", **r} for r in run["eval"]]
+        lines += [{"kind": "final", "step": 6, **run["final"]}]
+        (folder / "timing.json").write_text(json.dumps(run["timing"]))
+        text = "".join(json.dumps(r) + "\n" for r in lines)
+    else:
+        text = "".join(json.dumps(r) + "\n" for r in lines[: 1 + cut_at]) + '{"kind": "step", "st'
+    (folder / "metrics.jsonl").write_text(text)
+
+
+def test_report_only_rebuilds_a_cut_ab_from_its_folders(tmp_path):
+    ab = _ab_module()
+    out = tmp_path / "ab"
+    out.mkdir()
+    setup = {"env": ENV, "command": "python scripts/ab.py --out ab -- steps=6", "overrides": ["steps=6"], "skip": 1,
+             "order": ["run1_fbgemm", "run2_triton", "run3_triton", "run4_fbgemm"]}  # fmt: skip
+    (out / "ab_setup.json").write_text(json.dumps(setup))
+    _write_run(out, "run1_fbgemm", _fake_run("fbgemm"))
+    _write_run(out, "run2_triton", _fake_run("triton", 8.0))
+    _write_run(out, "run3_triton", _fake_run("triton", 8.0), cut_at=3)
+    (out / "report.md").write_text("stale")
+    summary = ab.main(["--out", str(out), "--report-only"])
+    text = (out / "report.md").read_text()
+    assert ("**partial: 2 of 4 runs** (run3_triton missing: cut after step 3 of 6 (no final record); run4_fbgemm "
+            "missing: not run). Done: run1_fbgemm, run2_triton.") in text  # fmt: skip
+    assert json.loads((out / "summary.json").read_text())["missing"] == summary["missing"]
+    assert summary["order"] == ["run1_fbgemm", "run2_triton"] and "- command: `python scripts/ab.py --out ab" in text
+    assert summary["comparison"]["ratio"] == pytest.approx(1.25) and summary["comparison"]["noise"] is None
+    assert summary["runs"][0]["time"]["startup_s"] == 20.0 and summary["runs"][0]["throughput"]["steps_timed"] == 5
+    assert "](loss.png)" in text and (out / "step_time.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_ab_rewrites_its_report_after_every_run_and_names_a_failed_one(tmp_path, monkeypatch):
+    ab = _ab_module()
+    out = tmp_path / "ab"
+    seen = []  # report.md's partial line when each run starts
+
+    def fake_training(name, backend, out, nproc, overrides, cuda):
+        report = out / "report.md"
+        seen.append(report.read_text().splitlines()[2] if report.exists() else None)
+        if len(seen) == 3:
+            (out / name).mkdir()
+            (out / name / "train.log").write_text("Traceback: boom\n")
+            return {"wall_s": 5.0, "returncode": 1}
+        run = _fake_run(backend)
+        _write_run(out, name, run)
+        return run["timing"]
+
+    monkeypatch.setattr(ab, "run_training", fake_training)
+    monkeypatch.setattr(ab, "environment", lambda cuda: ENV)
+    monkeypatch.setattr(ab, "plot", lambda runs, out, skip: [])
+    with pytest.raises(SystemExit, match=r"(?s)run3_triton failed .exit 1.*boom"):
+        ab.main(["--out", str(out), "--skip", "1", "--", "steps=6"])
+    assert seen[0] is None
+    assert seen[1].startswith("**partial: 1 of 4 runs** (run2_triton missing: not run yet; run3_triton missing")
+    assert seen[2].startswith("**partial: 2 of 4 runs** (run3_triton missing: not run yet; run4_fbgemm missing")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["missing"] == {"run3_triton": "failed (exit 1, see run3_triton/train.log)",
+                                  "run4_fbgemm": "not run"}  # fmt: skip
+    assert summary["order"] == ["run1_fbgemm", "run2_triton"] and summary["runs"][1]["time"]["wall_s"] == 60.0
+    assert json.loads((out / "ab_setup.json").read_text())["overrides"] == ["steps=6"]

@@ -399,14 +399,16 @@ def test_training_hot_rows_the_same_every_time_on_cuda(optimizer):
 @pytest.mark.parametrize("mean, weighted", [(False, False), (True, True), (False, True)])
 def test_positions_kernel_finds_every_ids_bag(mean, weighted):
     """The positions kernel (a program per BLOCK consecutive positions, each id's bag by a
-    binary search of the offsets) against a loop over bags: empty bags, a bag across two
-    programs, positions before the first offset and after the last (sentinel rows), a bad
-    id read as row 0 under CHECK. 3 features of B=4 bags, programs of 8 positions."""
+    binary search of the offsets its block spans) against a loop over bags: empty bags (a
+    block spanning 16), a bag across two programs, positions before the first offset and
+    after the last (sentinel rows), a bad id read as row 0 under CHECK. 3 features of B=8
+    bags, programs of 8 positions."""
     from tbe_plugin.ops import embedding_backward as backward
     from tbe_plugin.ops.indexing import META_COLS, META_ROW_BASE, META_ROWS
 
-    B, rows, row_base = 4, [10, 7, 5], [0, 10, 17]
-    lengths = [0, 3, 1, 0, 9, 0, 2, 1, 0, 0, 4, 2]  # bag 4 spans programs 0 and 1
+    B, rows, row_base = 8, [10, 7, 5], [0, 10, 17]
+    # bag 4 spans programs 0 and 1; bags 8-14 and 17-21 are empty (programs spanning 8-9 bags)
+    lengths = [0, 3, 1, 0, 9, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0, 0, 0, 1, 1]
     first = 2  # positions 0, 1 lie before the first bag's start; the last 3 after the end
     offsets = torch.tensor([first] + lengths, dtype=torch.int64).cumsum(0)
     N = int(offsets[-1]) + 3
@@ -418,8 +420,10 @@ def test_positions_kernel_finds_every_ids_bag(mean, weighted):
     sentinel = torch.iinfo(torch.int32).max
     rows_out, bag_out = torch.full((N,), -7, dtype=torch.int32), torch.full((N,), -7, dtype=torch.int32)
     scale_out = torch.full((N,), -7.0)
+    window = backward.positions_window(offsets, N, 8)
+    assert window.numel() == triton_cdiv(N, 8) + 1
     backward._positions_kernel[(triton_cdiv(N, 8),)](
-        meta, indices, offsets, psw, rows_out, bag_out, scale_out, B, 3 * B, N, (3 * B + 1).bit_length(), sentinel,
+        meta, indices, offsets, window, psw, rows_out, bag_out, scale_out, B, len(lengths), N, sentinel,
         MEAN=mean, WEIGHTED=weighted, CHECK=True, BLOCK=8,
     )  # fmt: skip
     expected_rows = torch.full((N,), sentinel, dtype=torch.int32)

@@ -1,15 +1,24 @@
 """What the training app records (rank 0): a JSON-lines metrics file, TensorBoard events,
 and the time per phase of a few profiled steps.
 
-Records in the metrics file, one JSON object per line, told apart by ``kind``:
-``config`` (the run's settings, the commit and dirty flag), ``step`` (step, loss, step_ms,
-examples_per_s), ``eval`` (step, auc, log_loss and, on the planted click log, the optimum's),
-``phases`` (ms per step of each phase, measured on the device), ``final`` (the metrics the
-app prints at the end). ``scripts/ab.py`` builds its report from them.
+Records in the metrics file, one JSON object per line, told apart by ``kind``, each with
+``time``, the wall clock (``time.time()``, seconds) when the record was made (a ``step``
+record's: when its step ended, see there): ``config`` (the run's settings, the commit and
+dirty flag), ``startup`` (just before the first step: where the start-up went, see
+``pipelines.app.train``), ``step`` (step, loss, step_ms, examples_per_s; ``sync_ms`` on a
+step that paid the periodic host sync), ``eval`` (step, auc, log_loss and, on the planted
+click log, the optimum's; ``eval_s``), ``phases`` (ms per step of each phase, measured on the
+device; the profiler's own cost), ``checkpoint`` (a drain, the state check and a save:
+``drain_s``, ``check_s``, ``save_s``), ``repartition`` / ``reshard``, ``final`` (the metrics the
+app prints at the end, and where the end went). A record whose work paused the training loop
+(an evaluation, the profiler's start and stop, a checkpoint's check and save, a re-plan or
+re-shard) says for how long in ``pause_s``: the loop's wall time less these is the time it
+trained. ``scripts/ab.py`` builds its report from them.
 """
 
 import json
 import os
+import time
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -106,9 +115,12 @@ class MetricsLog:
 
             self._writer = SummaryWriter(log_dir=tensorboard_dir)
 
-    def record(self, kind: str, step: Optional[int] = None, **values: Any) -> None:
+    def record(self, kind: str, step: Optional[int] = None, *, at: Optional[float] = None, **values: Any) -> None:
+        """One record; ``at``: its wall-clock ``time`` when not now (a step's end, logged later).
+        The time goes to the file only (TensorBoard keeps its own)."""
         if self._file is not None:
-            self._file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+            stamp = time.time() if at is None else at
+            self._file.write(json.dumps({"kind": kind, "step": step, "time": stamp, **values}) + "\n")
             self._file.flush()
         if self._writer is not None and step is not None:
             for key, value in values.items():

@@ -9,17 +9,27 @@ DIR/runN_<backend>/ with its metrics file; then writes DIR/report.md, DIR/summar
 PNG plots:
 
 - a header: commit and dirty flag, device, package versions, the command line;
-- throughput: per run the mean step time (examples/s) and the spread of its steps; per
-  backend the median over its runs and their range; the ratio, and a sentence saying
-  whether the difference is larger than the run-to-run noise;
+- throughput: per run examples/s over the wall span of its timed steps (the metrics
+  records' own ``time``: from the end of the last warm-up step to the last step, less the
+  loop's pauses that are not training, which the records time: evaluations, the profiler's
+  start and stop, checkpoints, re-plans), beside it what the sum of the host step times
+  (``step_ms``, which leaves out the host syncs and the ranks' agreement) would say; a
+  metrics file without ``time`` (an older app's) falls back to the step times, and the
+  report says which each run used; the spread of single steps; per backend the median
+  over its runs and their range; the ratio, and a sentence saying whether the difference
+  is larger than the run-to-run noise;
 - time per phase measured on the device (profiler kernel time of TBE forward, TBE
   backward, all-to-all, the rest; without a GPU, host CPU time the same way);
 - quality: AUC and log loss against the planted click log's Bayes-optimal predictor on
   the same held-out examples;
 - loss curves: the largest divergence between backends and between runs of one backend;
-- per run, where its wall time went: the subprocess's wall seconds, the sum of its step
-  times, and (from when each metrics record appeared in the file) the start-up before the
-  app's first record, the training loop's span and the end after its last step record.
+- per run, where its wall time went, from the records' ``time`` and the app's durations:
+  the subprocess's wall seconds, the sum of its step times, the start-up until the first
+  step (launch, imports, config, process group, model build and sharding, resume, data
+  set-up), the loop outside the step times (pauses: evaluations, profiler, checkpoints;
+  the rest: host syncs, agreement, drains) and the end after the last step (final drain,
+  checkpoint and evaluation in the app; exit). Run folders of an older A/B, whose records
+  carry no time, use the times at which the records appeared (timing.json's, polled).
 
 The report and summary are rewritten after every finished run, from the runs finished so
 far: a device call cut short keeps them. While runs are missing the report says so at its
@@ -52,7 +62,6 @@ PHASE_ROWS = ("tbe_forward", "tbe_backward", "all_to_all", "dense_and_other", "t
 QUALITY_KEYS = ("auc", "optimal_auc", "auc_gap", "log_loss", "optimal_log_loss", "excess_log_loss")
 RUN_DIR = re.compile(r"run(\d+)_(fbgemm|triton)")
 SETUP_FILE = "ab_setup.json"  # the header's record of the runs (environment, command, overrides), for --report-only
-POLL_S = 0.25  # how often a run's metrics file is read for new records (their arrival times)
 
 
 def run_order(repeats: int) -> List[str]:
@@ -70,47 +79,11 @@ def run_name(i: int, backend: str) -> str:
     return f"run{i + 1}_{backend}"
 
 
-class RecordWatch:
-    """The kind and step of each complete line a metrics file gains, with the seconds since
-    the run began at which it was seen (the app's records carry no time of their own)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.seen = path, 0, []
-
-    def poll(self, at_s: float) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:  # rewritten from the start
-                    self.offset = 0
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            self.seen.append((record.get("kind"), record.get("step"), round(at_s, 3)))
-
-
-def arrival_marks(seen: List[Any]) -> Dict[str, Any]:
-    """When the app's records appeared: its config (the end of its start-up), its first and
-    last step records, its evaluations, profiled phases and final metrics."""
-    first = lambda kind: next((at for k, _, at in seen if k == kind), None)  # noqa: E731
-    steps = [at for k, _, at in seen if k == "step"]
-    return {"config_at_s": first("config"), "first_step_at_s": steps[0] if steps else None,
-            "last_step_at_s": steps[-1] if steps else None, "phases_at_s": first("phases"),
-            "eval_at_s": [[step, at] for k, step, at in seen if k == "eval"], "final_at_s": first("final")}  # fmt: skip
-
-
 def run_training(name: str, backend: str, out: Path, nproc: int, overrides: List[str], cuda: bool
                  ) -> Dict[str, Any]:  # fmt: skip
     """One training run in DIR/<name>/ (its output: train.log, its metrics: metrics.jsonl);
-    returns, and writes to timing.json, its wall seconds, exit status and when its metrics
-    records appeared."""
+    returns, and writes to timing.json, its wall seconds, exit status and when it was
+    launched (wall clock: the records' ``time`` is measured from it)."""
     run_dir = out / name
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics = run_dir / "metrics.jsonl"
@@ -123,19 +96,11 @@ def run_training(name: str, backend: str, out: Path, nproc: int, overrides: List
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
-    watch = RecordWatch(metrics)
-    began = time.perf_counter()
+    launched_at, began = time.time(), time.perf_counter()
     with open(run_dir / "train.log", "w") as log:
-        process = subprocess.Popen(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
-        while True:
-            try:
-                process.wait(timeout=POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                watch.poll(time.perf_counter() - began)
+        process = subprocess.run(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - began
-    watch.poll(wall)
-    timing = {"wall_s": round(wall, 3), "returncode": process.returncode, **arrival_marks(watch.seen)}
+    timing = {"wall_s": round(wall, 3), "returncode": process.returncode, "launched_at": launched_at}
     (run_dir / "timing.json").write_text(json.dumps(timing))
     return timing
 
@@ -144,14 +109,18 @@ def load_run(run_dir: Path, backend: str) -> Dict[str, Any]:
     """A run's metrics file in the shape ``pipelines.metrics.read_metrics`` gives (lists of
     ``step`` and ``eval`` records, the last record of each other kind), skipping a line that
     does not parse (a cut run's last may be half written; and no torch import), with its
-    backend and, where timing.json exists, its timing."""
-    run: Dict[str, Any] = {"step": [], "eval": []}
+    backend, ``pauses`` (kind, step, time and pause_s of every record that paused the loop)
+    and, where timing.json exists, its timing."""
+    run: Dict[str, Any] = {"step": [], "eval": [], "pauses": []}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
         kind = record.pop("kind", None)
+        if record.get("pause_s") is not None and record.get("time") is not None:
+            run["pauses"].append({"kind": kind, "step": record.get("step"), "time": record["time"],
+                                  "pause_s": record["pause_s"]})  # fmt: skip
         if kind in ("step", "eval"):
             run[kind].append(record)
         elif kind:
@@ -204,42 +173,115 @@ def timed_steps(run: Dict[str, Any], skip: int) -> List[float]:
     return [r["step_ms"] for r in run["step"][skip:] if r["step_ms"] is not None]
 
 
+def wall_span(run: Dict[str, Any], skip: int) -> Optional[Dict[str, Any]]:
+    """The timed steps' wall span from the metrics records' own ``time``: from the end of
+    the last of the first ``skip`` steps (with ``skip`` 0, the loop's start: the ``startup``
+    record) to the end of the last step (the app stamps the step that pays a host sync
+    after it), the steps between counted by their numbers (drained steps too: they
+    trained); ``train_s`` is the span less the pauses inside it that are not training (the
+    records' ``pause_s``: evaluations, the profiler's start and stop, checkpoints' checks
+    and saves, re-plans). None when the records carry no time (an older app's metrics) or
+    no step follows the warm-up."""
+    steps = run["step"]
+    if not steps or any(r.get("time") is None for r in steps):
+        return None
+    first = steps[skip - 1] if 0 < skip < len(steps) else run.get("startup") if skip == 0 else None
+    if not first or first.get("time") is None or first.get("step") is None:
+        return None
+    last = steps[-1]
+    counted = last["step"] - first["step"]
+    if counted <= 0:
+        return None
+    inside = [p for p in run.get("pauses", []) if first["time"] < p["time"] <= last["time"]]
+    span = last["time"] - first["time"]
+    paused = sum(p["pause_s"] for p in inside)
+    return {"from_step": first["step"], "to_step": last["step"], "steps": counted, "span_s": span, "paused_s": paused,
+            "pauses": [[p["kind"], p["step"], p["pause_s"]] for p in inside], "train_s": span - paused}  # fmt: skip
+
+
 def throughput(run: Dict[str, Any], skip: int) -> Dict[str, Any]:
-    """One run: examples/s from its mean step time (the host's step times add up to the
-    wall time, so the mean is the throughput even where a host sync makes one step pay
-    for several), and the spread of single steps (p10, p50, p90)."""
+    """One run: examples/s over the wall span of its timed steps (``wall_span``: it holds
+    the host syncs, the ranks' agreement and drains, which the step times leave out; its
+    pauses for evaluation, profiler and checkpoints are not training and left out), with
+    ``source`` "wall span"; for metrics without ``time``, from the mean host step time
+    ("sum of step_ms": an older app's). ``step_ms_examples_per_s``: what the step times
+    alone would say. The spread of single host step times (p10, p50, p90)."""
     ms = sorted(timed_steps(run, skip))
     config = run.get("config", {})
     examples = config.get("batch_size", 0) * config.get("world_size", 1)
+    pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else None  # noqa: E731
+    step_mean = statistics.fmean(ms) if ms else None
+    out: Dict[str, Any] = {"p10_ms": pick(0.1), "p50_ms": statistics.median(ms) if ms else None, "p90_ms": pick(0.9),
+                           "step_ms_mean": step_mean, "step_ms_examples_per_s": examples / (step_mean / 1e3)
+                           if step_mean else None, "span": wall_span(run, skip)}  # fmt: skip
+    span = out["span"]
+    if span is not None and span["train_s"] > 0:
+        return {"source": "wall span", "steps_timed": span["steps"], "mean_ms": span["train_s"] * 1e3 / span["steps"],
+                "examples_per_s": examples * span["steps"] / span["train_s"], **out}  # fmt: skip
     if not ms:
-        return {"steps_timed": 0, "mean_ms": None, "p10_ms": None, "p50_ms": None, "p90_ms": None,
-                "examples_per_s": None}  # fmt: skip
-    pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
-    mean = statistics.fmean(ms)
-    return {"steps_timed": len(ms), "mean_ms": mean, "p10_ms": pick(0.1), "p50_ms": statistics.median(ms),
-            "p90_ms": pick(0.9), "examples_per_s": examples / (mean / 1e3)}  # fmt: skip
+        return {"source": None, "steps_timed": 0, "mean_ms": None, "examples_per_s": None, **out}
+    return {"source": "sum of step_ms", "steps_timed": len(ms), "mean_ms": step_mean,
+            "examples_per_s": out["step_ms_examples_per_s"], **out}  # fmt: skip
+
+
+def profiled_extra_s(run: Dict[str, Any], skip: int) -> Optional[float]:
+    """An estimate of what profiling cost the profiled steps (in their step times, so in
+    the timed span when they fall in it): their host step times less as many of the median
+    of the other timed steps. None without a profile or its steps in the records."""
+    steps = (run.get("phases") or {}).get("profiled_steps")
+    if not steps:
+        return None
+    lo, hi = steps
+    profiled = [r["step_ms"] for r in run["step"] if lo <= r["step"] <= hi and r["step_ms"] is not None]
+    others = [r["step_ms"] for r in run["step"][skip:] if not lo <= r["step"] <= hi and r["step_ms"] is not None]
+    if not profiled or not others:
+        return None
+    return (sum(profiled) - len(profiled) * statistics.median(others)) / 1e3
 
 
 def time_breakdown(run: Dict[str, Any], skip: int) -> Dict[str, Any]:
     """Where a run's wall time went: ``wall_s`` the subprocess's (torchrun and all),
     ``steps_s`` the sum of its host step times (``warmup_s`` of the first ``skip``),
-    ``other_s`` = wall - steps; from when its records appeared in the metrics file:
-    ``startup_s`` until the app's config record (launch, imports, process group, model,
-    sharding), ``loop_s`` from there to the last step record (steps, evaluations during
-    training, profiling, the host syncs outside the step times), ``end_s`` after it (final
-    evaluation, exit). None where unknown (no timing.json: a run of an older ab.py)."""
+    ``other_s`` = wall - steps; ``startup_s`` from the launch until the first step,
+    ``loop_s`` from there to the end of the last step (``loop_outside_steps_s`` of it
+    outside the step times: ``paused_s`` evaluations, profiler, checkpoints, the rest
+    ``loop_other_s`` host syncs, agreement, drains), ``end_s`` after it (final drain,
+    checkpoint, evaluation, exit). ``source``: "records' time" (the app's ``time`` and
+    durations, with the launch time from timing.json; the start-up split in ``startup``,
+    the end's in ``end``), "arrival of records (polled)" for the run folders of an older
+    A/B (the times at which its records appeared: start-up until the config record), or
+    None (unknown; then None where unknown)."""
     timing = run.get("timing") or {}
     ms = [r["step_ms"] for r in run["step"] if r["step_ms"] is not None]
     warmup = [r["step_ms"] for r in run["step"][:skip] if r["step_ms"] is not None]
-    wall, config_at, last_at = timing.get("wall_s"), timing.get("config_at_s"), timing.get("last_step_at_s")
+    wall, launched = timing.get("wall_s"), timing.get("launched_at")
     steps_s = sum(ms) / 1e3 if ms else None
     known = lambda *xs: all(x is not None for x in xs)  # noqa: E731
-    loop_s = last_at - config_at if known(last_at, config_at) else None
-    return {"wall_s": wall, "steps_s": steps_s, "warmup_s": sum(warmup) / 1e3 if warmup else None,
-            "other_s": wall - steps_s if known(wall, steps_s) else None, "startup_s": config_at, "loop_s": loop_s,
-            "loop_outside_steps_s": loop_s - steps_s if known(loop_s, steps_s) else None,
-            "end_s": wall - last_at if known(wall, last_at) else None, "drained_steps": len(run["step"]) - len(ms),
-            "evals": len(run["eval"]), "profiled": "phases" in run, "arrivals": timing or None}  # fmt: skip
+    minus = lambda a, b: a - b if known(a, b) else None  # noqa: E731
+    startup, final = run.get("startup") or {}, run.get("final") or {}
+    last_at = run["step"][-1].get("time") if run["step"] else None
+    paused_s, startup_split, end_split = None, None, None
+    if known(startup.get("time"), last_at):
+        source, loop_at = "records' time", startup["time"]
+        ended = launched + wall if known(launched, wall) else None
+        startup_s = minus(loop_at, launched) if launched is not None else startup.get("startup_s")
+        loop_s, end_s = last_at - loop_at, minus(ended, last_at)
+        paused_s = sum(p["pause_s"] for p in run.get("pauses", []) if loop_at < p["time"] <= last_at)
+        startup_split = {"launch_s": minus(startup.get("process_start"), launched),
+                         **{k: startup.get(k) for k in ("imports_s", "config_s", "process_group_s", "build_s",
+                                                         "restore_s", "data_setup_s")}}  # fmt: skip
+        end_split = {"in_app_s": minus(final.get("time"), last_at), "exit_s": minus(ended, final.get("time"))}
+    else:  # an older app's records: when they appeared in the file (timing.json of an older ab.py)
+        config_at, old_last_at = timing.get("config_at_s"), timing.get("last_step_at_s")
+        source = "arrival of records (polled)" if config_at is not None else None
+        startup_s, loop_s, end_s = config_at, minus(old_last_at, config_at), minus(wall, old_last_at)
+    outside = minus(loop_s, steps_s)
+    return {"source": source, "wall_s": wall, "steps_s": steps_s, "warmup_s": sum(warmup) / 1e3 if warmup else None,
+            "other_s": minus(wall, steps_s), "startup_s": startup_s, "loop_s": loop_s, "loop_outside_steps_s": outside,
+            "paused_s": paused_s, "loop_other_s": minus(outside, paused_s), "end_s": end_s, "startup": startup_split,
+            "end": end_split, "drained_steps": len(run["step"]) - len(ms), "evals": len(run["eval"]),
+            "profiled": "phases" in run, "profiled_extra_s": profiled_extra_s(run, skip),
+            "timing_json": timing or None}  # fmt: skip
 
 
 def compare_backends(per_run: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -384,25 +426,51 @@ def header_lines(env: Dict[str, Any], command: str, first: Dict[str, Any], overr
 
 
 def throughput_lines(per_run: List[Dict[str, Any]], comparison: Dict[str, Any], skip: int, cuda: bool) -> List[str]:
-    def seconds(r: Dict[str, Any]) -> List[str]:
-        t = r["time"]
-        return [_cell(t["wall_s"], ".1f"), f"{_cell(t['steps_s'], '.1f')} ({_cell(t['warmup_s'], '.1f')})",
-                _cell(t["other_s"], ".1f"), " / ".join(_cell(t[k], ".1f") for k in ("startup_s", "loop_outside_steps_s",
-                                                                                      "end_s"))]  # fmt: skip
+    def rate_row(i: int, r: Dict[str, Any]) -> List[str]:
+        t, span = r["throughput"], r["throughput"]["span"]
+        spanned = "n/a" if span is None else f"{span['span_s']:.1f} ({span['paused_s']:.1f})"
+        return [str(i + 1), r["backend"], t["source"] or "n/a", str(t["steps_timed"]), spanned, _cell(t["mean_ms"]),
+                f"{_cell(t['p10_ms'])} / {_cell(t['p50_ms'])} / {_cell(t['p90_ms'])}",
+                _cell(t["examples_per_s"], ".0f"), _cell(t["step_ms_examples_per_s"], ".0f"),
+                _cell(r["time"]["profiled_extra_s"], ".2f")]  # fmt: skip
 
-    rows = [[str(i + 1), r["backend"], str(r["throughput"]["steps_timed"]), _cell(r["throughput"]["mean_ms"]),
-             f"{_cell(r['throughput']['p10_ms'])} / {_cell(r['throughput']['p50_ms'])} / "
-             f"{_cell(r['throughput']['p90_ms'])}", _cell(r["throughput"]["examples_per_s"], ".0f"), *seconds(r)]
-            for i, r in enumerate(per_run)]  # fmt: skip
-    lines = ["## Throughput", "", f"Steps after the first {skip}; host step times, whose mean is the wall time per "
-             "step.", ""]  # fmt: skip
+    def seconds_row(i: int, r: Dict[str, Any]) -> List[str]:
+        t = r["time"]
+        cells = lambda d, keys: "n/a" if d is None else " / ".join(_cell(d[k], ".1f") for k in keys)  # noqa: E731
+        return [str(i + 1), r["backend"], t["source"] or "n/a", _cell(t["wall_s"], ".1f"),
+                f"{_cell(t['steps_s'], '.1f')} ({_cell(t['warmup_s'], '.1f')})", _cell(t["other_s"], ".1f"),
+                cells(t, ("startup_s", "loop_outside_steps_s", "end_s")), cells(t, ("paused_s", "loop_other_s")),
+                cells(t["startup"], ("launch_s", "imports_s", "config_s", "process_group_s", "build_s", "restore_s",
+                                     "data_setup_s")), cells(t["end"], ("in_app_s", "exit_s"))]  # fmt: skip
+
+    sources = {r["throughput"]["source"] for r in per_run if r["throughput"]["source"]}
+    lines = ["## Throughput", "", f"Steps after the first {skip}. `wall span`: examples/s over the wall time from the "
+             f"end of step {skip} to the end of the last step, taken from the metrics records' own `time` (it holds "
+             "the periodic host syncs, the ranks' agreement each step and drains, which the host step times leave "
+             "out), less the pauses in it that are not training (evaluations, the profiler's start and stop, "
+             "checkpoints: `span s (paused)`); the timed steps are the steps in the span, by number. `sum of "
+             "step_ms` (metrics without `time`, an older app's): from the mean host step time. `examples/s from "
+             "step_ms` is what the host step times alone say, for comparison. The profiled steps are in the span "
+             "with their profiling cost (estimated: their step times less as many median steps).", ""]  # fmt: skip
+    if len(sources) > 1:
+        lines += [f"**The runs' throughputs come from different sources ({', '.join(sorted(sources))}): the "
+                  "comparison below mixes them.**", ""]  # fmt: skip
+    lines += _table(["run", "backend", "throughput from", "timed steps", "span s (paused)", "ms per step",
+                     "host step ms p10 / p50 / p90", "examples/s", "examples/s from step_ms",
+                     "profiled steps' extra s (est.)"], [rate_row(i, r) for i, r in enumerate(per_run)])  # fmt: skip
     lines += [f"Each run's wall time (s, the subprocess's): `steps` sums all its host step times (in brackets the "
-              f"first {skip}, warm-up and compilation), `wall - steps` is the rest; from when the app's records "
-              "appeared in its metrics file, that rest splits into start-up (before its config record: launch, "
-              "imports, process group, model, sharding), in loop outside the step times (evaluations during "
-              "training, profiling, host syncs; up to the last step record) and end (final evaluation, exit).", ""]
-    lines += _table(["run", "backend", "timed steps", "mean ms", "step ms p10 / p50 / p90", "examples/s", "wall s",
-                     "steps s (warm-up)", "wall - steps s", "start-up / in loop / end s"], rows)  # fmt: skip
+              f"first {skip}, warm-up and compilation), `wall - steps` is the rest, which splits into start-up "
+              "(launch until the first step), in loop outside the step times (up to the end of the last step) and "
+              "end. From the records' time (`records' time`): in loop splits into paused (evaluations, profiler, "
+              "checkpoints) and other (host syncs, agreement, drains); start-up into launch (torchrun until the "
+              "process started), imports, config (Hydra), process group, build (model, planning, sharding, table "
+              "init), restore (a resume) and data (pipeline, batches, metrics log); end into in app (final drain, "
+              "checkpoint, evaluation) and exit. An older A/B's run folders (`arrival of records (polled)`) have "
+              "only when the records appeared: start-up until the config record.", ""]  # fmt: skip
+    lines += _table(["run", "backend", "timing from", "wall s", "steps s (warm-up)", "wall - steps s",
+                     "start-up / in loop / end s", "in loop: paused / other s",
+                     "start-up: launch / imports / config / process group / build / restore / data s",
+                     "end: in app / exit s"], [seconds_row(i, r) for i, r in enumerate(per_run)])  # fmt: skip
     per_backend = [[b, str(s["runs"]), _cell(s["median_examples_per_s"], ".0f"),
                     f"{_cell(s['min'], '.0f')} - {_cell(s['max'], '.0f')}",
                     "n/a (1 run)" if s["relative_range"] is None else f"{s['relative_range']:.1%}"]
@@ -570,8 +638,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         runs[name] = load_run(out / name, backend)
         summary = report(runs, out, skip, args.overrides, env, command, {n: "not run yet" for n in names
                                                                           if n not in runs})  # fmt: skip
-        t = summary["runs"][-1]["time"]
-        print(f"{name}: {t['wall_s']:.0f} s (steps {_cell(t['steps_s'], '.1f')} s, start-up "
+        t, rate = summary["runs"][-1]["time"], summary["runs"][-1]["throughput"]
+        print(f"{name}: {_cell(rate['examples_per_s'], '.0f')} examples/s ({rate['source']}); {t['wall_s']:.0f} s "
+              f"(steps {_cell(t['steps_s'], '.1f')} s, start-up "
               f"{_cell(t['startup_s'], '.1f')} s, in loop outside the steps "
               f"{_cell(t['loop_outside_steps_s'], '.1f')} s, end {_cell(t['end_s'], '.1f')} s); report of "
               f"{len(runs)} of {len(names)} runs written", flush=True)  # fmt: skip

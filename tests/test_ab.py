@@ -97,6 +97,47 @@ def check_report(out, before):
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
     records = [json.loads(line) for line in (out / "run1_fbgemm" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4]  # every 2 steps and at the end
+    check_timing_records(records, summary["runs"][0])
+
+
+def check_timing_records(records, run):
+    """The app's metrics records of a run carry their wall-clock time and the durations of
+    the start-up, evaluations, profiling and the end; the A/B took its throughput and the
+    run's time split from them."""
+    assert all(isinstance(r["time"], float) for r in records), records
+    by_kind = {}
+    for r in records:
+        by_kind.setdefault(r["kind"], []).append(r)
+    assert sorted(by_kind) == ["checkpoint", "config", "eval", "final", "phases", "startup", "step"], list(by_kind)
+    (startup,) = by_kind["startup"]
+    parts = ("imports_s", "config_s", "process_group_s", "build_s", "restore_s", "data_setup_s")
+    assert all(startup[k] >= 0 for k in parts) and startup["build_s"] > 0 and startup["imports_s"] > 0, startup
+    assert startup["process_start"] < startup["time"] and sum(startup[k] for k in parts) <= startup["startup_s"] + 0.05
+    steps = by_kind["step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[0]["time"] > startup["time"]
+    assert all(a["time"] <= b["time"] for a, b in zip(steps, steps[1:]))
+    # every_steps 10: the losses were read by the drains, before the evaluation after step 2 and at the end
+    assert [r["step"] for r in steps if "sync_ms" in r] == [2, 4] and steps[-1]["sync_ms"] >= 0
+    (phases,) = by_kind["phases"]  # one profiled step, after the warm-up one
+    assert phases["profiled_steps"] == [2, 2] and phases["profiled_steps_ms"] == steps[1]["step_ms"]
+    assert phases["pause_s"] == pytest.approx(phases["profiler_start_s"] + phases["profiler_stop_s"])
+    assert phases["pause_s"] > 0
+    in_loop, final_eval = by_kind["eval"]
+    assert in_loop["pause_s"] == in_loop["eval_s"] > 0 and final_eval["eval_s"] > 0 and "pause_s" not in final_eval
+    assert steps[1]["time"] < in_loop["time"] < steps[2]["time"]  # evaluated after step 2, before step 3 ended
+    (end,) = by_kind["checkpoint"]
+    assert end["path"] is None and end["drain_s"] >= 0 and end["time"] >= steps[-1]["time"]  # checkpoint=none
+    (final,) = by_kind["final"]
+    assert final["loop_s"] > 0 and final["end_s"] >= end["check_s"] + final_eval["eval_s"]
+    assert run["throughput"]["source"] == "wall span" and run["throughput"]["steps_timed"] == 3
+    span = run["throughput"]["span"]
+    assert span["span_s"] == pytest.approx(steps[-1]["time"] - steps[0]["time"])
+    assert span["paused_s"] == pytest.approx(phases["pause_s"] + in_loop["pause_s"])
+    time = run["time"]
+    assert time["source"] == "records' time" and time["startup_s"] > startup["startup_s"]  # the launch before it
+    assert time["loop_s"] == pytest.approx(steps[-1]["time"] - startup["time"])
+    assert time["end"]["in_app_s"] == pytest.approx(final["time"] - steps[-1]["time"]) and time["end"]["exit_s"] > 0
+    assert time["startup_s"] + time["loop_s"] + time["end_s"] == pytest.approx(time["wall_s"], abs=0.01)
 
 
 # The report of a cut A/B (synthetic metrics, no training): written from the runs finished so
@@ -124,6 +165,82 @@ def _fake_run(backend, ms=10.0, steps=6, loss_shift=0.0, timing=True):
                          "last_step_at_s": 50.0, "phases_at_s": 30.0, "eval_at_s": [[steps, 55.0]],
                          "final_at_s": 55.0}  # fmt: skip
     return run
+
+
+def _timed_records(ms=10.0, gap_ms=5.0, steps=6):
+    """A metrics file's records as the app writes them, with ``time``: the loop starts at
+    1000.0 s; each step ends ``ms`` (the first 10x) + ``gap_ms`` (host syncs, the ranks'
+    agreement: outside step_ms) after the previous one; step 2 is profiled (3x its step time),
+    the profiler's stop pausing the loop 0.5 s before step 3; an evaluation after step 3
+    pauses it 2 s; the final drain and evaluation after the last step pause nothing timed."""
+    step_ms = [10 * ms, 3 * ms] + [ms] * (steps - 2)
+    records = [{"kind": "config", "step": None, "time": 999.9, "world_size": 1, "batch_size": 100, "staleness": 0,
+                "steps": steps},
+               {"kind": "startup", "step": 0, "time": 1000.0, "process_start": 982.0, "imports_s": 10.0,
+                "config_s": 1.0, "process_group_s": 2.0, "build_s": 4.0, "restore_s": 0.0, "data_setup_s": 1.0,
+                "startup_s": 18.0}]  # fmt: skip
+    now = 1000.0
+    for i, t in enumerate(step_ms):
+        now += (t + gap_ms) / 1e3
+        records.append({"kind": "step", "step": i + 1, "time": now, "loss": 1.0 - 0.1 * i, "step_ms": t,
+                        "examples_per_s": 1e5 / t})
+        if i + 1 == 2:
+            now += 0.5
+            records.append({"kind": "phases", "step": 2, "time": now, "tbe_forward": 1.0, "tbe_backward": 2.0,
+                            "all_to_all": 0.0, "dense_and_other": 3.0, "total_ms": 6.0, "step_ms": 3 * ms,
+                            "timing": "device kernels", "profiled_steps": [2, 2], "profiled_steps_ms": 3 * ms,
+                            "profiler_start_s": 0.1, "profiler_stop_s": 0.4, "pause_s": 0.5})
+        if i + 1 == 3:
+            now += 2.0
+            records.append({"kind": "eval", "step": 3, "time": now, "auc": 0.7, "log_loss": 0.5, "eval_s": 2.0,
+                            "pause_s": 2.0})
+    records += [{"kind": "checkpoint", "step": steps, "time": now + 0.2, "path": None, "drain_s": 0.0, "check_s": 0.2,
+                 "save_s": 0.0, "pause_s": 0.2},
+                {"kind": "eval", "step": steps, "time": now + 1.5, "auc": 0.7, "log_loss": 0.5, "optimal_auc": 0.8,
+                 "optimal_log_loss": 0.4, "eval_s": 1.3},
+                {"kind": "final", "step": steps, "time": now + 1.5, "first_loss": 1.0, "last_loss": 0.6, "auc": 0.7,
+                 "log_loss": 0.5, "loop_s": now - 1000.0, "end_s": 1.5}]  # fmt: skip
+    return records, step_ms, now
+
+
+def test_throughput_from_the_wall_span_of_the_records_not_the_step_times(tmp_path, monkeypatch):
+    """Steps end 5 ms apart beyond their step_ms (host syncs, agreement): examples/s come
+    from the wall span between the records' times less the loop's timed pauses inside it;
+    the step times alone would say 1.5x more. The run's time split comes from the records."""
+    ab = _ab_module()
+    records, step_ms, last_at = _timed_records()
+    folder = tmp_path / "run1_fbgemm"
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    wall = last_at + 2.0 - 980.0  # launched at 980 s; the process exits 0.5 s after its final record
+    (folder / "timing.json").write_text(json.dumps({"wall_s": wall, "returncode": 0, "launched_at": 980.0}))
+    run = ab.load_run(folder, "fbgemm")
+    assert [p["kind"] for p in run["pauses"]] == ["phases", "eval", "checkpoint"]
+    rate = ab.throughput(run, skip=1)  # steps 2..6: 30 + 4 x 10 ms of step_ms, 5 x 5 ms more between them
+    assert rate["source"] == "wall span" and rate["steps_timed"] == 5
+    assert rate["span"]["paused_s"] == pytest.approx(2.5)  # the profiler and the evaluation; not the end's
+    assert rate["span"]["train_s"] == pytest.approx((30 + 40 + 25) / 1e3)
+    assert rate["examples_per_s"] == pytest.approx(100 * 5 / 0.095) and rate["mean_ms"] == pytest.approx(19.0)
+    assert rate["step_ms_examples_per_s"] == pytest.approx(100 / 0.014)  # what step_ms would say: 1.47x more
+    assert rate["p50_ms"] == 10.0
+    whole = ab.throughput(run, skip=0)  # from the loop's start (the startup record): all 6 steps
+    assert whole["steps_timed"] == 6 and whole["span"]["train_s"] == pytest.approx((100 + 30 + 40 + 30) / 1e3)
+    time = ab.time_breakdown(run, skip=1)
+    assert time["source"] == "records' time" and time["startup_s"] == pytest.approx(20.0)
+    assert time["startup"] == {"launch_s": pytest.approx(2.0), "imports_s": 10.0, "config_s": 1.0,
+                               "process_group_s": 2.0, "build_s": 4.0, "restore_s": 0.0, "data_setup_s": 1.0}
+    assert time["loop_s"] == pytest.approx(last_at - 1000.0) and time["steps_s"] == pytest.approx(0.17)
+    assert time["paused_s"] == pytest.approx(2.5) and time["loop_other_s"] == pytest.approx(0.03)  # 6 x 5 ms
+    assert time["end_s"] == pytest.approx(2.0) and time["end"] == {"in_app_s": pytest.approx(1.5),
+                                                                   "exit_s": pytest.approx(0.5)}  # fmt: skip
+    assert time["profiled_extra_s"] == pytest.approx(0.02)  # 30 ms against a median step of 10
+    runs = {"run1_fbgemm": run, "run2_triton": ab.load_run(folder, "triton")}
+    text, summary, _ = _report(ab, tmp_path, runs, {}, monkeypatch)
+    assert summary["runs"][0]["throughput"]["examples_per_s"] == pytest.approx(5263.16, rel=1e-5)
+    assert "| 1 | fbgemm | wall span | 5 | 2.6 (2.5) | 19.00 | 10.00 / 10.00 / 30.00 | 5263 | 7143 | 0.02 |" in text
+    assert ("| 1 | fbgemm | records' time | 24.7 | 0.2 (0.1) | 24.5 | 20.0 / 2.5 / 2.0 | 2.5 / 0.0 | "
+            "2.0 / 10.0 / 1.0 / 2.0 / 4.0 / 0.0 / 1.0 | 1.5 / 0.5 |") in text  # fmt: skip
+    assert "different sources" not in text
 
 
 def _report(ab, tmp_path, runs, missing, monkeypatch):
@@ -177,31 +294,20 @@ def test_complete_report_says_nothing_partial_and_where_each_runs_time_went(tmp_
     assert "partial" not in text and summary["missing"] == {} and summary["partial"] is None
     assert summary["comparison"]["ratio"] == pytest.approx(1.25) and summary["comparison"]["noise"] == 0.0
     assert "cannot" not in text
+    # An older app's records (no time): throughput from the mean step time, time split from when the records appeared.
+    assert {r["throughput"]["source"] for r in summary["runs"]} == {"sum of step_ms"}
+    assert summary["runs"][0]["throughput"]["examples_per_s"] == pytest.approx(1e4)  # 5 steps of 10 ms after skip 1
     time = summary["runs"][0]["time"]  # 6 steps: 100 ms then 5 of 10 ms; records at 20 s (config) .. 50 s (last step)
+    assert time["source"] == "arrival of records (polled)" and time["startup"] is None and time["paused_s"] is None
     assert time["wall_s"] == 60.0 and time["steps_s"] == pytest.approx(0.15) and time["warmup_s"] == pytest.approx(0.1)
     assert time["other_s"] == pytest.approx(59.85) and time["startup_s"] == 20.0 and time["loop_s"] == 30.0
     assert time["loop_outside_steps_s"] == pytest.approx(29.85) and time["end_s"] == 10.0 and time["evals"] == 1
     assert "| wall s | steps s (warm-up) | wall - steps s | start-up / in loop / end s |" in text
-    assert "| 60.0 | 0.1 (0.1) | 59.9 | 20.0 / 29.9 / 10.0 |" in text
-    assert summary["runs"][3]["time"]["wall_s"] is None and "| n/a | 0.1 (0.1) | n/a | n/a / n/a / n/a |" in text
-
-
-def test_record_watch_times_each_complete_metrics_line(tmp_path):
-    ab = _ab_module()
-    path = tmp_path / "metrics.jsonl"
-    watch = ab.RecordWatch(path)
-    watch.poll(0.5)  # no file yet
-    path.write_text('{"kind": "config", "step": null}\n{"kind": "step", "st')
-    watch.poll(1.0)
-    with open(path, "a") as f:
-        f.write('ep": 1, "loss": 1}\n{"kind": "step", "step": 2}\n{"kind": "eval", "step": 2}\n')
-        f.write('{"kind": "final", "step": 2}\n')
-    watch.poll(2.0)
-    assert watch.seen == [("config", None, 1.0), ("step", 1, 2.0), ("step", 2, 2.0), ("eval", 2, 2.0),
-                          ("final", 2, 2.0)]  # fmt: skip
-    marks = ab.arrival_marks(watch.seen)
-    assert marks == {"config_at_s": 1.0, "first_step_at_s": 2.0, "last_step_at_s": 2.0, "phases_at_s": None,
-                     "eval_at_s": [[2, 2.0]], "final_at_s": 2.0}  # fmt: skip
+    assert "| 1 | fbgemm | sum of step_ms | 5 | n/a | 10.00 | 10.00 / 10.00 / 10.00 | 10000 | 10000 | n/a |" in text
+    assert ("| 1 | fbgemm | arrival of records (polled) | 60.0 | 0.1 (0.1) | 59.9 | 20.0 / 29.9 / 10.0 | n/a / n/a | "
+            "n/a | n/a |") in text  # fmt: skip
+    assert summary["runs"][3]["time"]["wall_s"] is None
+    assert "| 4 | fbgemm | n/a | n/a | 0.1 (0.1) | n/a | n/a / n/a / n/a | n/a / n/a | n/a | n/a |" in text
 
 
 def _write_run(out, name, run, cut_at=None):

@@ -32,6 +32,8 @@ from tbe_plugin.benchmarks.report import git_state
 from tbe_plugin.torchrec.process_group import init_process_group
 
 register()
+_IMPORTED_AT = time.time()  # the module's imports done (torch, hydra, the project's): the start-up record's marks
+_MAIN: Dict[str, float] = {}  # main()'s wall-clock marks before train() (absent when train() is called directly)
 
 
 def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None,
@@ -265,14 +267,53 @@ def _inject_faults(step: int, dmp) -> None:
             next(p for name, p in dmp.named_parameters() if "embedding_bags" not in name).fill_(float("nan"))
 
 
+def _process_start() -> Optional[float]:
+    """This process's start on the wall clock (s), from /proc (Linux, 10 ms ticks); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            since_boot = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _startup_times(train_at: float, built_at: float, restored_at: float, loop_at: float) -> Dict[str, Any]:
+    """Where the start-up went, in wall-clock seconds up to ``loop_at`` (just before the
+    first step): ``imports_s`` from the process's start to this module imported (the
+    interpreter, torch, hydra, the project), ``config_s`` Hydra composing the config,
+    ``process_group_s`` validation, the process group, the host group and the barrier,
+    ``build_s`` the model built, planned and sharded (and what it imports first), its tables
+    initialised, ``restore_s`` a resume's load (0 without), ``data_setup_s`` the pipeline,
+    the batches, statistics, metrics log and the rest up to the loop; ``startup_s`` the
+    whole, from the process's start (``process_start``). None where a mark is unknown
+    (``train()`` called without ``main()``; no /proc)."""
+    process_start, main_at, group_at = _process_start(), _MAIN.get("main_at"), _MAIN.get("process_group_at")
+    span = lambda a, b: None if a is None or b is None else b - a  # noqa: E731
+    return {"process_start": process_start, "imports_s": span(process_start, _IMPORTED_AT),
+            "config_s": span(_IMPORTED_AT, main_at), "process_group_s": span(main_at, group_at),
+            "build_s": built_at - train_at, "restore_s": restored_at - built_at, "data_setup_s": loop_at - restored_at,
+            "startup_s": span(process_start, loop_at)}  # fmt: skip
+
+
 def train(cfg: TrainConfig) -> Dict[str, Any]:
     """The whole job on an initialized process group; returns the metrics. Stops on a hold
     by raising ``JobHeld`` (``main`` writes it): the ranks agree on a pre-emption, data
-    not ready and non-finite values, while a permanent error may reach one rank only."""
+    not ready and non-finite values, while a permanent error may reach one rank only.
+
+    Timing in the metrics records (rank 0): every record has its wall-clock ``time``; a
+    step record's is when its step ended on the host, or, for the step that paid the
+    periodic host sync (reading the losses and health flags, ``sync_ms``), after that
+    sync, so that the span between two step records is the loop's whole wall time between
+    them (``step_ms`` is ``progress()``'s host time alone: it leaves out the syncs, the
+    ranks' agreement at the top of each step and drains). ``startup`` (just before the
+    first step) splits the start-up; ``eval``, ``phases``, ``checkpoint``, ``repartition``
+    and ``reshard`` give their durations and ``pause_s``, the loop's time they took from
+    training; ``final`` the loop's and the end's (final drain and checkpoint, evaluation)."""
     import torch.distributed as dist
 
     from pipelines.staleness import StalenessTrainPipeline
 
+    train_at = time.time()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     host = host_group()  # every rank makes it here, first
     torch.manual_seed(cfg.data.seed)  # the dense layers' initial weights, the same on every rank and backend
@@ -286,6 +327,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
 
         plan_file, plan = plan_of_checkpoint(cfg.checkpoint.dir, int(os.path.basename(resume_from)[len("step_"):]))
     dmp, dense_optimizer = build_model(cfg, device, world_size, plan=plan)
+    built_at = time.time()
     sparse_base = [group["lr"] for group in dmp.fused_optimizer.param_groups]  # as configured, before any resume
 
     def make_pipeline() -> StalenessTrainPipeline:
@@ -300,6 +342,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         if rank == 0:
             under = f" under the plan of {plan_file}" if plan_file else ""
             print(f"[rank 0] resumed from {resume_from} at step {first_step}{under}", flush=True)
+    restored_at = time.time()
     batches, collector = make_batches(cfg, rank, cfg.steps - first_step, position=position), None
     if cfg.sharding.statistics_every:  # feature statistics of the batches as the pipeline draws them
         from pipelines.app.data import rows_per_table
@@ -330,13 +373,15 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                **(git_state() if rank == 0 and cfg.logging.metrics_file else {}))  # fmt: skip
     losses, start = [], time.perf_counter()
     step, profiler, profiled_ms, profiled_batches = first_step, None, [], 0
-    pending: List[Tuple[int, torch.Tensor, Optional[float]]] = []  # losses not yet read (no sync per step)
+    profiler_started: Dict[str, Any] = {}  # the first profiled step, the profiler's start cost
+    # losses not yet read (no sync per step): step, loss, step_ms, when the step ended (wall clock)
+    pending: List[Tuple[int, torch.Tensor, Optional[float], float]] = []
     bad: Dict[str, Any] = {"loss_step": None, "state": False}  # this rank's non-finite findings, once read
 
     def trained(loss: torch.Tensor, step_ms: Optional[float]) -> None:
         nonlocal profiled_batches
         profiled_batches += profiler is not None
-        pending.append((step, loss.detach().float().reshape(()), step_ms))
+        pending.append((step, loss.detach().float().reshape(()), step_ms, time.time()))
         health.note_loss(pending[-1][1])
         if len(pending) >= cfg.logging.every_steps:
             read_losses()
@@ -344,14 +389,20 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     def read_losses() -> None:  # one host sync for every_steps steps, one more for the health flags
         if not pending:
             return
-        for (at, _, step_ms), value in zip(pending, torch.stack([p[1] for p in pending]).tolist()):
+        began = time.perf_counter()
+        values = torch.stack([p[1] for p in pending]).tolist()
+        state_bad = bad["state"] or health.read()[1]
+        sync_ms, synced_at = (time.perf_counter() - began) * 1e3, time.time()
+        for i, ((at, _, step_ms, ended), value) in enumerate(zip(pending, values)):
             if bad["loss_step"] is None and not math.isfinite(value):
                 bad["loss_step"] = at
             losses.append(value)
             rate = cfg.data.batch_size * world_size / (step_ms / 1e3) if step_ms else None
-            log.record("step", at, loss=value, step_ms=step_ms, examples_per_s=rate)
+            paid = {"sync_ms": sync_ms} if i == len(pending) - 1 else {}  # the last step paid the sync: time after it
+            log.record("step", at, at=synced_at if paid else ended, loss=value, step_ms=step_ms, examples_per_s=rate,
+                       **paid)  # fmt: skip
         pending.clear()
-        bad["state"] = bad["state"] or health.read()[1]
+        bad["state"] = state_bad
 
     def drain() -> None:  # the batches in flight, trained and logged (no step time of their own)
         nonlocal step
@@ -372,19 +423,29 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
 
     def checkpoint() -> Optional[str]:
         """Drains, checks the whole state on every rank (a bad one holds instead), saves
-        unless nothing trained since the last save; returns the newest checkpoint."""
+        unless nothing trained since the last save; returns the newest checkpoint. Records
+        its durations (``path``: what it saved, None when nothing)."""
+        began = time.perf_counter()
         drain()
+        drained = time.perf_counter()
         if bad["loss_step"] is None and not bad["state"]:
             bad["state"] = not health.all_finite(local_tensors(_checkpoint_state(dmp, dense_optimizer, step)))
         hold_if(signals.agree(unhealthy=bad["loss_step"] is not None or bad["state"]).unhealthy)
+        checked, path = time.perf_counter(), None
         if store is not None and saved["step"] != step:
             state = _checkpoint_state(dmp, dense_optimizer, step)
             if collector is not None:  # the statistics survive a resume
                 state["statistics"] = collector.state_dict()
-            saved.update(step=step, path=store.save(state, step, batches.position_after(step - first_step)))
+            path = store.save(state, step, batches.position_after(step - first_step))
+            saved.update(step=step, path=path)
+        done = time.perf_counter()
+        log.record("checkpoint", step, path=path, drain_s=drained - began, check_s=checked - drained,
+                   save_s=done - checked, pause_s=done - drained)  # fmt: skip
         return saved["path"]
 
     lookahead = cfg.pipeline.staleness + 2  # the most batches one progress() draws
+    loop_at = time.time()
+    log.record("startup", first_step, at=loop_at, **_startup_times(train_at, built_at, restored_at, loop_at))
     try:
         while step < cfg.steps:
             waiting = batches.waiting_for(lookahead)
@@ -404,7 +465,9 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                 raise JobHeld(Hold("data", "data_not_ready", step, saved["path"], waiting_for=waits, rank=rank), True)
             _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
             if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after and rank == 0:
+                t0 = time.perf_counter()
                 profiler = _start_profiler(device)  # rank 0 only: it alone records the phases
+                profiler_started.update(step=step + 1, start_s=time.perf_counter() - t0)
             began = time.perf_counter()
             try:
                 loss, _, _ = pipeline.progress(batches)
@@ -418,10 +481,15 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
             if profiler is not None:
                 profiled_ms.append(step_ms)
                 if len(profiled_ms) == cfg.logging.profile_steps:
+                    t0 = time.perf_counter()
                     profiler.stop()
-                    log.record("phases", step, **phase_times(profiler.events(), profiled_batches,
-                                                             sorted(profiled_ms)[len(profiled_ms) // 2],
-                                                             device.type == "cuda"))  # fmt: skip
+                    median_ms = sorted(profiled_ms)[len(profiled_ms) // 2]
+                    phases = phase_times(profiler.events(), profiled_batches, median_ms, device.type == "cuda")
+                    stop_s, start_s = time.perf_counter() - t0, profiler_started["start_s"]
+                    # the profiled steps' own slowdown is in their step times (profiled_steps_ms), not in pause_s
+                    log.record("phases", step, **phases, profiled_steps=[profiler_started["step"], step],
+                               profiled_steps_ms=sum(profiled_ms), profiler_start_s=start_s, profiler_stop_s=stop_s,
+                               pause_s=start_s + stop_s)  # fmt: skip
                     profiler = None
             if progress is not None:
                 progress.update(1)
@@ -431,12 +499,15 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
             if store and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint()
             if repartitioner is not None and repartitioner.due(step) and step < cfg.steps:
+                t0 = time.perf_counter()
                 decision = repartitioner.check(dmp, batches.collector, step)
-                log.record("repartition", step, **decision.record())
+                check_s = time.perf_counter() - t0
+                log.record("repartition", step, **decision.record(), check_s=check_s, pause_s=check_s)
                 if rank == 0:
                     print(f"[rank 0] {decision.line()}", flush=True)
                 if decision.reshard:
                     path = checkpoint()  # drains; written under the old plan
+                    t0 = time.perf_counter()
                     old_pipeline = pipeline
                     old_pipeline.detach()
                     dmp, dense_optimizer, sparse_base = _resharded(cfg, decision.plan, store, path, device, world_size)
@@ -445,10 +516,16 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                     reshards.append(step)
                     if rank == 0:
                         record_plan(cfg.checkpoint.dir, step, decision.plan)
+                    reshard_s = time.perf_counter() - t0
+                    log.record("reshard", step, reshard_s=reshard_s, pause_s=reshard_s)
             if cfg.eval_every_steps and cfg.eval_batches and step % cfg.eval_every_steps == 0 and step < cfg.steps:
                 drain()
+                t0 = time.perf_counter()
                 pipeline.detach()  # evaluation runs the model's own forwards; progress() re-attaches
-                log.record("eval", step, **evaluate(cfg, dmp, rank, device))
+                quality = evaluate(cfg, dmp, rank, device)
+                eval_s = time.perf_counter() - t0
+                log.record("eval", step, **quality, eval_s=eval_s, pause_s=eval_s)
+        loop_end_at = time.time()
         checkpoint_path = checkpoint()  # drains; no metrics, no checkpoint from a non-finite state
     except Exception as error:
         reason = None if isinstance(error, JobHeld) else permanent_error_reason(error)
@@ -463,16 +540,21 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
                "weights_checksum": weights_checksum(dmp)}  # fmt: skip
     if cfg.eval_batches:
+        t0 = time.perf_counter()
         quality = evaluate(cfg, dmp, rank, device)
         metrics.update(quality)
-        log.record("eval", first_step + len(losses), **quality)
+        log.record("eval", first_step + len(losses), **quality, eval_s=time.perf_counter() - t0)
     if store:
         metrics["checkpoint"] = checkpoint_path
     if repartitioner is not None:
         metrics["reshard_steps"] = reshards
     if cfg.sharding.statistics_every:
         _log_imbalance(cfg, dmp, batches.collector, world_size, device, log, first_step + len(losses), metrics)
-    log.record("final", first_step + len(losses), **metrics)
+    # not in metrics (printed, compared between runs): the loop's wall time (its start to its
+    # end, before the final drain) and the end's (the final drain and checkpoint, checksum, evaluation)
+    final_at = time.time()
+    log.record("final", first_step + len(losses), at=final_at, **metrics, loop_s=loop_end_at - loop_at,
+               end_s=final_at - loop_end_at)  # fmt: skip
     log.close()
     if rank == 0:
         print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
@@ -545,6 +627,7 @@ def main(raw_cfg: Any) -> None:
     permanent error, 4: data not ready; 0 after a pre-emption)."""
     import torch.distributed as dist
 
+    _MAIN["main_at"] = time.time()  # Hydra has composed the config
     cfg = validate(raw_cfg)  # before any process group: a bad value fails here, named
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)  # its plan tables
     rank = init_process_group()[0]
@@ -552,6 +635,7 @@ def main(raw_cfg: Any) -> None:
     if rank == 0:
         clear_hold(run_dir)  # an earlier launch's: this one is running
     dist.barrier(group=host_group())
+    _MAIN["process_group_at"] = time.time()
     try:
         train(cfg)
     except JobHeld as held:

@@ -39,10 +39,16 @@ def test_training_lowers_the_loss(runs):
 
 
 def test_backends_agree(runs):
-    """Same tables (seeded per row block), same dense init, same data: the same training."""
+    """Same tables (seeded per row block), same dense init, same data: the same training,
+    up to fp32 rounding (our forward adds a step's ids as a tree, FBGEMM one after another):
+    losses within 1e-4 (measured: 3.5e-6 after 12 steps). The AUC over the 128 evaluation
+    examples of a barely trained model moves by 1/(positives x negatives), ~2.4e-4, whenever
+    two near-tied predictions swap: within 0.005, a score of ~20 swapped pairs of ~4000
+    (measured: 0.0017)."""
     a, b = runs["triton"], runs["fbgemm"]
-    for key in ("first_loss", "last_loss", "log_loss", "auc"):
+    for key in ("first_loss", "last_loss", "log_loss"):
         assert abs(a[key] - b[key]) < 1e-4, (key, a, b)
+    assert abs(a["auc"] - b["auc"]) < 5e-3, (a, b)
 
 
 def test_bad_override_fails_before_training(tmp_path):

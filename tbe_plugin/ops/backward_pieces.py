@@ -187,7 +187,7 @@ def _piece_operands(
         flags = tl.load(piece_flags_ptr + i, mask=live, other=0)
         head = (flags & 1) != 0
         whole = live & ((flags & 2) != 0)
-        dim = tl.load(piece_dim_ptr + i, mask=live, other=0)
+        dim = tl.load(piece_dim_ptr + i, mask=live, other=0) // ALIGN * ALIGN  # see _gather_gradients
         w_start = tl.load(piece_w_start_ptr + i, mask=live, other=0) // ALIGN * ALIGN
         g_first = tl.load(piece_grad_offset_ptr + i, mask=live, other=0)
         s_first = tl.load(piece_scale_ptr + i, mask=live & SCALED, other=1.0)
@@ -197,7 +197,7 @@ def _piece_operands(
         after = tl.load(sorted_rows_ptr + stop, mask=live & (stop < num_indices), other=-2)
         head = row != prev
         whole = live & head & (after != row)
-        dim = tl.load(sorted_dim_ptr + start, mask=live, other=0)
+        dim = tl.load(sorted_dim_ptr + start, mask=live, other=0) // ALIGN * ALIGN
         w_start = tl.load(sorted_w_start_ptr + start, mask=live, other=0) // ALIGN * ALIGN
         g_first = tl.load(sorted_grad_offset_ptr + start, mask=live, other=0)
         s_first = tl.load(sorted_scale_ptr + start, mask=live & SCALED, other=1.0)
@@ -301,7 +301,7 @@ def _multi_runs_kernel(
         head = tl.load(multi_heads_ptr + i)
         row = tl.load(sorted_rows_ptr + head)
         w_start = tl.load(sorted_w_start_ptr + head + one) // ALIGN * ALIGN
-        dim = tl.load(sorted_dim_ptr + head + one)
+        dim = tl.load(sorted_dim_ptr + head + one) // ALIGN * ALIGN
         active = one >= 0
         row_mask = cols[None, :] < dim[:, None]
         w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]

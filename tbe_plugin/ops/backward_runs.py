@@ -42,6 +42,10 @@ def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.conste
     ``scale`` (row starts are multiples of ALIGN: written so, Triton reads them with
     vector loads)."""
     start = start // ALIGN * ALIGN
+    # D too is a multiple of ALIGN, written so: a load is a vector load only where its mask
+    # is provably constant over the vector (a D loaded from memory proves nothing), else
+    # ALIGN scalar loads (sm_90 PTX: ld.global.b32 -> ld.global.v4.b32).
+    dim = dim // ALIGN * ALIGN
     col_mask = mask[:, None] & (cols[None, :] < dim[:, None])
     g = tl.load(grad_ptr + start[:, None] + cols[None, :], mask=col_mask, other=0.0).to(tl.float32)
     if SCALED:
@@ -375,7 +379,7 @@ def _long_run_kernel(
         row = tl.load(sorted_rows_ptr + first)
         # The row's weights and state come with the first sums' loads, not after them.
         w_start = tl.load(sorted_w_start_ptr + first + one) // ALIGN * ALIGN
-        dim = tl.load(sorted_dim_ptr + first + one)
+        dim = tl.load(sorted_dim_ptr + first + one) // ALIGN * ALIGN
         active = one >= 0
         row_mask = cols[None, :] < dim[:, None]
         w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]

@@ -57,12 +57,18 @@ def _pooled_forward_kernel(
     pid_bag = tl.program_id(0)
     pid_work = tl.program_id(1)
     feature = tl.load(work_ptr + 2 * pid_work)
-    d_start = tl.load(work_ptr + 2 * pid_work + 1)
+    # Values loaded from memory tell Triton nothing of their divisibility, and a load is a
+    # vector load only where its pointers are aligned and its mask constant over the vector:
+    # every D, column start and output column is a multiple of ALIGN (d_start of BLOCK_D),
+    # so writing them as such (no-op arithmetic) lets `cols < dim` hold over ALIGN columns
+    # and turns the row gathers from ALIGN scalar loads into one 16-byte load
+    # (sm_90 PTX: ld.global.b32 -> ld.global.v4.b32).
+    d_start = tl.load(work_ptr + 2 * pid_work + 1) // BLOCK_D * BLOCK_D
     meta = feature_meta_ptr + feature * _META_COLS
     weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
     rows = tl.load(meta + _META_ROWS)
-    dim = tl.load(meta + _META_DIM)
-    out_col = tl.load(meta + _META_OUT_OFFSET)
+    dim = tl.load(meta + _META_DIM) // ALIGN * ALIGN
+    out_col = tl.load(meta + _META_OUT_OFFSET) // ALIGN * ALIGN
 
     b = pid_bag * BAGS + tl.arange(0, BAGS)
     b_mask = b < B
@@ -111,7 +117,8 @@ def _pooled_forward_kernel(
     if MEAN:
         inv = tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
         acc = acc * inv[:, None]
-    out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
+    # The row stride (the sum of the D) is a multiple of ALIGN too: vector stores.
+    out_ptrs = out_ptr + b[:, None].to(tl.int64) * (out_stride // ALIGN * ALIGN) + out_col + cols[None, :]
     tl.store(
         out_ptrs,
         acc.to(out_ptr.dtype.element_ty),
@@ -167,7 +174,9 @@ def _unpooled_forward_kernel(
     meta = feature_meta_ptr + feature * _META_COLS
     weight_offset = tl.load(meta + _META_WEIGHT_OFFSET, mask=pos_mask, other=0)
     rows = tl.load(meta + _META_ROWS, mask=pos_mask, other=1)
-    dim = tl.load(meta + _META_DIM, mask=pos_mask, other=0)
+    dim = tl.load(meta + _META_DIM, mask=pos_mask, other=0) // ALIGN * ALIGN  # vector loads (pooled kernel)
+    out_width = out_width // ALIGN * ALIGN  # max D, and the row stride: multiples of ALIGN
+    out_stride = out_stride // ALIGN * ALIGN
     ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
     row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
     # Columns past a narrow table's D are written as zeros, up to the output's width.

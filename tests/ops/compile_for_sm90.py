@@ -92,6 +92,15 @@ def resource_report(kernel) -> str:
     return result.stdout
 
 
+def global_ops(ptx: str) -> dict:
+    """Counts of the PTX's global loads and stores by width (``ld.global.v4.b32``: one
+    16-byte vector load; ``ld.global.b32``: a scalar one)."""
+    import collections
+    import re
+
+    return dict(collections.Counter(re.findall(r"\b(?:ld|st)\.global(?:\.v\d)?\.b\d+", ptx)))
+
+
 def parse_registers(report: str) -> int:
     """The most registers a thread of any function in a ``cuobjdump -res-usage`` report
     uses (``REG:<n>``); ValueError when there is none."""
@@ -244,6 +253,7 @@ def main():
             report = resource_report(kernel)
             record["stack_bytes"] = parse_stack_bytes(report)
             record["registers"] = parse_registers(report)
+            record["global_ops"] = global_ops(kernel.asm["ptx"])
         except Exception as error:  # reported, and failed by the test
             record["error"] = f"{type(error).__name__}: {error}"[:2000]
         print(json.dumps(record), flush=True)

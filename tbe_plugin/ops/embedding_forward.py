@@ -247,7 +247,11 @@ def forward_into(
     align: int,
     config,
 ) -> None:
-    """Launch the forward kernel writing into a preallocated ``out`` (no checks here)."""
+    """Launch the forward kernel writing into a preallocated ``out`` (no checks here but
+    that its rows start at multiples of ``align``, which the kernels promise Triton)."""
+    if out.stride(0) % align or out.stride(-1) != 1:
+        raise ValueError(f"forward output: rows must be contiguous and their stride a multiple of {align} "
+                         f"elements, got strides {tuple(out.stride())}")  # fmt: skip
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
     num_indices = indices.numel()

@@ -53,17 +53,24 @@ def _pooled_forward_kernel(
     BLOCK_L: tl.constexpr,  # ids per bag read per step
     BLOCK_D: tl.constexpr,  # columns per program
     PREFETCH: tl.constexpr,  # load the next step's ids while this step's rows are read
+    DIRECT: tl.constexpr,  # a program column per feature, one column block each: no work items
 ):
     pid_bag = tl.program_id(0)
     pid_work = tl.program_id(1)
-    feature = tl.load(work_ptr + 2 * pid_work)
+    if DIRECT:  # one dependent load fewer before the offsets
+        feature = pid_work.to(tl.int64)
+    else:
+        feature = tl.load(work_ptr + 2 * pid_work)
     # Values loaded from memory tell Triton nothing of their divisibility, and a load is a
     # vector load only where its pointers are aligned and its mask constant over the vector:
     # every D, column start and output column is a multiple of ALIGN (d_start of BLOCK_D),
     # so writing them as such (no-op arithmetic) lets `cols < dim` hold over ALIGN columns
     # and turns the row gathers from ALIGN scalar loads into one 16-byte load
     # (sm_90 PTX: ld.global.b32 -> ld.global.v4.b32).
-    d_start = tl.load(work_ptr + 2 * pid_work + 1) // BLOCK_D * BLOCK_D
+    if DIRECT:
+        d_start = feature * 0  # int64, as the loaded one
+    else:
+        d_start = tl.load(work_ptr + 2 * pid_work + 1) // BLOCK_D * BLOCK_D
     meta = feature_meta_ptr + feature * _META_COLS
     weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
     rows = tl.load(meta + _META_ROWS)
@@ -248,7 +255,9 @@ def forward_into(
     config,
 ) -> None:
     """Launch the forward kernel writing into a preallocated ``out`` (no checks here but
-    that its rows start at multiples of ``align``, which the kernels promise Triton)."""
+    that its rows start at multiples of ``align``, which the kernels promise Triton).
+    Pooled: ``work_items`` None launches a program column per feature, for a batch whose
+    every row fits one column block (``launch_forward`` decides)."""
     if out.stride(0) % align or out.stride(-1) != 1:
         raise ValueError(f"forward output: rows must be contiguous and their stride a multiple of {align} "
                          f"elements, got strides {tuple(out.stride())}")  # fmt: skip
@@ -279,12 +288,13 @@ def forward_into(
     if B == 0:
         return
     bags, block_l, block_d, num_warps, num_stages, *prefetch = config
-    grid = (triton.cdiv(B, bags), work_items.shape[0])
+    direct = work_items is None  # every feature, one column block each (launch_forward knows)
+    grid = (triton.cdiv(B, bags), num_features if direct else work_items.shape[0])
     _pooled_forward_kernel[grid](
-        weights, feature_meta, work_items, indices, offsets, psw, out, status,
+        weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
         B, num_features * B, num_indices, out.stride(0),
         MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
-        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=bool(prefetch and prefetch[0]),
+        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=bool(prefetch and prefetch[0]), DIRECT=direct,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
@@ -364,7 +374,10 @@ def launch_forward(
         classes = pooled_tile_classes(dims)
         for tile, features in classes:
             config = pooled_launch_config(avg_len, tile, elem)
-            work = _work_items(dims, config[2], weights.device, features if len(classes) > 1 else None)
+            # One class whose rows fit one column block: a program column per feature.
+            direct = len(classes) == 1 and max(dims) <= config[2]
+            work = None if direct else _work_items(dims, config[2], weights.device,
+                                                   features if len(classes) > 1 else None)  # fmt: skip
             forward_into(out, weights, feature_meta, work, indices, offsets, per_sample_weights, status, pooling,
                          bounds_check, align, config)  # fmt: skip
     raise_if_fatal(status, bounds_check, indices, offsets, feature_meta[:, META_ROWS])

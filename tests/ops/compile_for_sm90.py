@@ -140,13 +140,13 @@ def variants():
             for mean, weighted in ((False, False), (True, True)):
                 yield forward._pooled_forward_kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
-                    BLOCK_D=block_d, PREFETCH=False,
+                    BLOCK_D=block_d, PREFETCH=False, DIRECT=avg_len == 20,
                 ), warps, weights, "*i32"  # fmt: skip
         # The sweep's candidates with the next step's ids loaded ahead (tune_forward's production_first).
         for bags, block_l, warps in ((1, 8, 1), (1, 16, 1), (16, 2, 1), (4, 8, 4)):
             yield forward._pooled_forward_kernel, dict(
                 MEAN=False, WEIGHTED=False, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l, BLOCK_D=128,
-                PREFETCH=True,
+                PREFETCH=True, DIRECT=True,
             ), warps, weights, "*i32"  # fmt: skip
         block_n, block_d, warps = forward.unpooled_launch_config(128, elem)
         yield forward._unpooled_forward_kernel, dict(

@@ -191,13 +191,19 @@ def test_every_launch_size_sums_the_bags(pooling, weighted):
     expected = reference(emb, indices, offsets, psw)
     configs = [(16, 2, 64, 1, 0), (1, 16, 64, 1, 0), (4, 4, 16, 2, 0), (8, 1, 32, 1, 0), (2, 8, 64, 2, 0),
                (16, 2, 64, 1, 1), (1, 4, 64, 1, 1), (4, 4, 16, 2, 1)]  # the last value: PREFETCH
+    directs = 0
     for bags, block_l, block_d, warps, prefetch in configs:
         outputs = []
-        for _ in range(2):
+        # Twice: through the work items, then (where every row fits the column block) with a
+        # program column per feature (work items None, DIRECT): the same bits.
+        for direct in (False, max(emb.feature_dims) <= block_d):
+            directs += direct
+            work = None if direct else _work_items(emb.feature_dims, block_d, emb.device)
             out = torch.empty(5, sum(emb.feature_dims))
-            forward_into(out, emb.weights, emb.feature_meta, _work_items(emb.feature_dims, block_d, emb.device), indices,
-                         offsets, psw, emb.bounds_check_status, int(emb.pooling_mode), int(emb.bounds_check_mode),
-                         emb._align, (bags, block_l, block_d, warps, 1, prefetch))  # fmt: skip
+            forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, psw, emb.bounds_check_status,
+                         int(emb.pooling_mode), int(emb.bounds_check_mode), emb._align,
+                         (bags, block_l, block_d, warps, 1, prefetch))  # fmt: skip
             outputs.append(out)
         assert torch.equal(outputs[0], outputs[1])
         assert_tbe_close(outputs[0], expected, 23)
+    assert directs >= 4  # the 64-column configs

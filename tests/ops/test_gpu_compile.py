@@ -58,14 +58,16 @@ def test_pieces_kernel_stays_in_registers(compiled):
 
 
 def test_row_gathers_are_vector_loads(compiled):
-    """fp32 rows are read 16 bytes a load: the pooled forward issues no scalar 4-byte load
-    at all (its ids and offsets are int64), the unpooled forward and the pieces kernel
+    """fp32 rows are read 16 bytes a load: the pooled forward without per-sample weights
+    issues no scalar 4-byte load at all (its ids and offsets are int64; the weights'
+    variants read a 4-byte weight an id), the unpooled forward and the pieces kernel
     (gradient gathers, weights) vector loads. Values loaded from memory (a D, a column
     start) prove nothing to Triton, and a mask it cannot prove constant over 4 columns
     made every row load scalar until the kernels wrote those values as multiples of ALIGN."""
     fp32 = [r for r in compiled if r["weights"] == "*fp32" and "global_ops" in r]
     pooled = [r for r in fp32 if r["kernel"] == "_pooled_forward_kernel"]
-    assert pooled and all(r["global_ops"].get("ld.global.b32", 0) == 0 for r in pooled), pooled
+    unweighted = [r for r in pooled if not r["constexprs"]["WEIGHTED"]]
+    assert unweighted and all(r["global_ops"].get("ld.global.b32", 0) == 0 for r in unweighted), unweighted
     assert all(r["global_ops"].get("ld.global.v4.b32", 0) > 0 for r in pooled), pooled
     for name in ("_unpooled_forward_kernel", "_pieces_kernel"):
         records = [r for r in fp32 if r["kernel"] == name]

@@ -64,7 +64,7 @@ def preset_constraints(preset: str, tables: List[str], statistics_file: str = ""
 
 def make_collector(rows: List[int], dim: int, device: torch.device, every: int) -> FeatureStatisticsCollector:
     """A collector of the app's tables (``t{i}`` read by feature ``f{i}``, as
-    ``pipelines.app.train.build_model`` names them) sampling one step in ``every``."""
+    ``pipelines.app.model.build_model`` names them) sampling one step in ``every``."""
     tables = [TableInfo(f"t{i}", f"f{i}", n, dim) for i, n in enumerate(rows)]
     return FeatureStatisticsCollector(tables, device, sample_every=every)
 

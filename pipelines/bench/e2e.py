@@ -149,7 +149,7 @@ def step_statistics(step_ms: List[float]) -> Dict[str, Optional[float]]:
 def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.Namespace, device: torch.device,
             world_size: int) -> Dict[str, Any]:  # fmt: skip
     """One (backend, pipeline) run on a model built afresh; its profile under SparseDist."""
-    from pipelines.app.train import build_model
+    from pipelines.app.model import build_model
 
     on_cuda = device.type == "cuda"
     release_memory()

@@ -345,7 +345,7 @@ RUNNERS: Dict[str, Callable[..., Any]] = {"plain": PlainLoop, "plain2": PlainLoo
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from pipelines.app.train import build_model
+    from pipelines.app.model import build_model
     from tbe_plugin.torchrec.process_group import init_process_group
 
     rank, world_size, device = init_process_group()

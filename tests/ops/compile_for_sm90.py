@@ -136,11 +136,11 @@ def variants():
     """The launch configurations the launchers use, for fp32 and fp16 weights."""
     for weights, elem in (("*fp32", 4), ("*fp16", 2)):
         for avg_len in (1, 4, 20, 100):
-            bags, block_l, block_d, warps, _ = forward.pooled_launch_config(avg_len, 128, elem)
+            bags, block_l, block_d, warps, _, prefetch = forward.pooled_launch_config(avg_len, 128, elem)
             for mean, weighted in ((False, False), (True, True)):
                 yield forward._pooled_forward_kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
-                    BLOCK_D=block_d, PREFETCH=False, DIRECT=avg_len == 20,
+                    BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
                 ), warps, weights, "*i32"  # fmt: skip
         # The sweep's candidates with the next step's ids loaded ahead (tune_forward's production_first).
         for bags, block_l, warps in ((1, 8, 1), (1, 16, 1), (16, 2, 1), (4, 8, 4)):

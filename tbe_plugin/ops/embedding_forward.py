@@ -207,7 +207,7 @@ def pooled_tile(dim: int) -> int:
     return max(16, min(triton.next_power_of_2(max(dim, 1)), 128))
 
 
-def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
+def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0.)
 
@@ -218,7 +218,9 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
     7-48 ids load each step's ids a step ahead (PREFETCH, one stage): at a79d7ca that took
     the end-to-end tables' forward from 0.838 to 0.695 ms and ctr-mix's from 1.649 to
     1.442 (``tune_forward`` on Poisson bags); the shorter and longer classes were not
-    swept with it and keep three stages.
+    swept with it and keep three stages. Not for bf16 rows: with PREFETCH the kernel spills
+    104 bytes a thread there (fp16: none; ptxas, sm_90) and the suite's bf16 forward went
+    from 0.497 to 0.684 ms (f39d6dc), so bf16 keeps the three-stage tile.
     """
     block_d = pooled_tile(max_dim)
     if avg_len <= 1.5:
@@ -228,7 +230,7 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int):
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
     if avg_len <= 48:
-        return 16, 2, block_d, 1, 1, 1
+        return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)
     return 1, 32, block_d, 1, 3, 0
 
 
@@ -375,7 +377,7 @@ def launch_forward(
         avg_len = indices.numel() / max(num_bags, 1)
         classes = pooled_tile_classes(dims)
         for tile, features in classes:
-            config = pooled_launch_config(avg_len, tile, elem)
+            config = pooled_launch_config(avg_len, tile, elem, weights.dtype == torch.bfloat16)
             # One class whose rows fit one column block: a program column per feature.
             direct = len(classes) == 1 and max(dims) <= config[2]
             work = None if direct else _work_items(dims, config[2], weights.device,

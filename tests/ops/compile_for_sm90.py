@@ -134,20 +134,23 @@ def parse_stack_bytes(report: str) -> int:
 
 def variants():
     """The launch configurations the launchers use, for fp32 and fp16 weights."""
-    for weights, elem in (("*fp32", 4), ("*fp16", 2)):
+    for weights, elem in (("*fp32", 4), ("*fp16", 2), ("*bf16", 2)):
         for avg_len in (1, 4, 20, 100):
-            bags, block_l, block_d, warps, _, prefetch = forward.pooled_launch_config(avg_len, 128, elem)
+            bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, 128, elem,
+                                                                                          weights == "*bf16")
             for mean, weighted in ((False, False), (True, True)):
                 yield forward._pooled_forward_kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
                     BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
-                ), warps, weights, "*i32"  # fmt: skip
+                ), (warps, stages), weights, "*i32"  # fmt: skip
+        if weights == "*bf16":
+            continue
         # The sweep's candidates with the next step's ids loaded ahead (tune_forward's production_first).
-        for bags, block_l, warps in ((1, 8, 1), (1, 16, 1), (16, 2, 1), (4, 8, 4)):
+        for bags, block_l, warps in ((1, 8, 1), (1, 16, 1), (16, 2, 1), (4, 8, 4)):  # one stage, as swept
             yield forward._pooled_forward_kernel, dict(
                 MEAN=False, WEIGHTED=False, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l, BLOCK_D=128,
                 PREFETCH=True, DIRECT=True,
-            ), warps, weights, "*i32"  # fmt: skip
+            ), (warps, 1), weights, "*i32"  # fmt: skip
         block_n, block_d, warps = forward.unpooled_launch_config(128, elem)
         yield forward._unpooled_forward_kernel, dict(
             WEIGHTED=False, CHECK=True, ALIGN=4, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
@@ -247,9 +250,11 @@ def main():
             constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
             attrs=pointer_alignment(fn, constexprs),
         )
-        record = {"kernel": fn.__name__, "weights": weights, "num_warps": num_warps, "constexprs": constexprs}
+        num_warps, num_stages = num_warps if isinstance(num_warps, tuple) else (num_warps, 3)  # (warps, stages)
+        record = {"kernel": fn.__name__, "weights": weights, "num_warps": num_warps, "num_stages": num_stages,
+                  "constexprs": constexprs}  # fmt: skip
         try:
-            kernel = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
+            kernel = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
             report = resource_report(kernel)
             record["stack_bytes"] = parse_stack_bytes(report)
             record["registers"] = parse_registers(report)

@@ -152,6 +152,105 @@ class ZipfSampler:
         return self.rank_to_row(self.ranks_from_uniform(uniform))
 
 
+UNIFORM_BITS = 53
+"""``torch.rand``'s float64 draws are multiples of 2^-53 (CPU and CUDA): ``ZipfTables``
+compares them as integers."""
+
+
+class ZipfTables:
+    """The ``ZipfSampler`` s of many tables as one sampler: a batch's ids of every table
+    in a fixed number of kernels, whatever the number of tables (a per-table loop costs
+    some twenty launches a table, which on a GPU the host pays every batch).
+
+    For the same uniforms it gives exactly the ranks of each table's own sampler: the
+    heads' CDFs are concatenated as integers ``t * 2^53 + ceil(cdf * 2^53)`` and searched
+    with ``t * 2^53 + u * 2^53``, which orders a uniform u of table t against its own
+    CDF as the float comparison does (u is a multiple of 2^-53, ``UNIFORM_BITS``); the
+    tails use the same float64 operations with each table's constants gathered per id.
+    """
+
+    def __init__(self, samplers: "list[ZipfSampler] | tuple[ZipfSampler, ...]") -> None:
+        if not samplers:
+            raise ValueError("ZipfTables needs at least one sampler")
+        self.samplers = tuple(samplers)
+        scale = float(2**UNIFORM_BITS)
+        heads, firsts, first = [], [], 0
+        for t, sampler in enumerate(self.samplers):
+            cdf = torch.ceil(sampler._head_cdf_cpu * scale).to(torch.int64)
+            heads.append(cdf + t * 2**UNIFORM_BITS)
+            firsts.append(first)
+            first += sampler.head_ranks
+        self._head_keys_cpu = torch.cat(heads)
+        per_table = {
+            "first": torch.tensor(firsts, dtype=torch.int64),
+            "head_ranks": torch.tensor([s.head_ranks for s in self.samplers], dtype=torch.int64),
+            "rows": torch.tensor([s.num_rows for s in self.samplers], dtype=torch.int64),
+            "stride": torch.tensor([s.stride for s in self.samplers], dtype=torch.int64),
+            "shift": torch.tensor([s.shift for s in self.samplers], dtype=torch.int64),
+            "has_tail": torch.tensor([s.tail_probability > 0.0 for s in self.samplers]),
+        }
+        floats = []  # per table: head probability, tail probability, exponent, log ratio, expm1, tail start
+        for s in self.samplers:
+            exponent = 1.0 - s.alpha
+            log_ratio = math.log(s._tail_stop / s._tail_start)
+            tail = s.tail_probability
+            floats.append((1.0 - tail, tail if tail > 0.0 else 1.0, exponent, log_ratio,
+                           math.expm1(exponent * log_ratio), s._tail_start))  # fmt: skip
+        per_table["floats"] = torch.tensor(floats, dtype=torch.float64)
+        self._per_table_cpu = per_table
+        self._on: dict = {}
+
+    def _tables_on(self, device: torch.device):
+        if device not in self._on:
+            self._on[device] = (self._head_keys_cpu.to(device), {k: v.to(device) for k, v in self._per_table_cpu.items()})
+        return self._on[device]
+
+    def ranks_from_uniform(self, uniform: torch.Tensor, table_of: torch.Tensor) -> torch.Tensor:
+        """The rank (1-based, int64) of each u in [0, 1) (float64, a multiple of 2^-53) in
+        the table ``table_of`` (int64, per u) names: ``samplers[t].ranks_from_uniform``."""
+        if uniform.dtype != torch.float64:
+            raise ValueError(f"uniform must be float64 (tail resolution), got {uniform.dtype}")
+        keys, per = self._tables_on(uniform.device)
+        base = table_of * 2**UNIFORM_BITS
+        found = torch.searchsorted(keys, base + (uniform * float(2**UNIFORM_BITS)).to(torch.int64), right=True)
+        head_ranks = per["head_ranks"][table_of]
+        ranks = (found - per["first"][table_of]).clamp_(max=head_ranks)  # 0-based; head_ranks = "in the tail"
+        f = per["floats"][table_of]  # [N, 6]
+        head_probability, tail_probability, exponent, log_ratio, expm1, tail_start = f.unbind(1)
+        within_tail = ((uniform - head_probability) / tail_probability).clamp_(0.0, 1.0)
+        safe = torch.where(exponent == 0.0, 1.0, exponent)
+        position = torch.where(exponent == 0.0, within_tail * log_ratio, torch.log1p(within_tail * expm1) / safe)
+        tail_ranks = torch.floor(tail_start * torch.exp(position) + 0.5)
+        tail_ranks = torch.minimum(torch.maximum(tail_ranks, (head_ranks + 1).double()),
+                                   per["rows"][table_of].double()).to(torch.int64)  # fmt: skip
+        in_tail = (ranks >= head_ranks) & per["has_tail"][table_of]
+        return torch.where(in_tail, tail_ranks, ranks.clamp_(max=head_ranks - 1) + 1)
+
+    def rank_to_row(self, ranks: torch.Tensor, table_of: torch.Tensor) -> torch.Tensor:
+        """Each table's affine bijection (``ZipfSampler.rank_to_row``), per id."""
+        _, per = self._tables_on(ranks.device)
+        return ((ranks - 1) * per["stride"][table_of] + per["shift"][table_of]).remainder_(per["rows"][table_of])
+
+    def sample(self, counts: "list[int]", generator: torch.Generator, device: torch.device | str | None = None
+               ) -> torch.Tensor:
+        """``counts[t]`` ids (rows, int64) of each table t, table after table, from one
+        float64 uniform each drawn in that order."""
+        device = torch.device(device) if device is not None else generator.device
+        if len(counts) != len(self.samplers):
+            raise ValueError(f"{len(counts)} counts for {len(self.samplers)} tables")
+        total = sum(counts)
+        table_of = torch.repeat_interleave(torch.arange(len(counts), device=device),
+                                           torch.tensor(counts, device=device), output_size=total)  # fmt: skip
+        uniform = torch.rand(total, generator=generator, dtype=torch.float64, device=device)
+        return self.rank_to_row(self.ranks_from_uniform(uniform, table_of), table_of)
+
+
+@functools.lru_cache(maxsize=64)
+def zipf_tables(laws: "tuple[tuple[int, float], ...]") -> ZipfTables:
+    """The samplers of tables 0..T-1 with (rows, alpha) ``laws``, as one (cached)."""
+    return ZipfTables([table_sampler(rows, alpha, t) for t, (rows, alpha) in enumerate(laws)])
+
+
 @functools.lru_cache(maxsize=512)
 def table_sampler(num_rows: int, alpha: float, table: int) -> ZipfSampler:
     """The sampler of table number ``table`` (its index seeds the bijection, so a table's

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tbe_plugin.workloads import (
-    CTR_MIX_MAX_WEIGHT_BYTES, EXACT_HEAD_RANKS, HOT_ROW_FRACTION, TableWorkload, Workload, ZipfSampler,
-    ctr_mix, ctr_tables_dlrm, generate_batch, skew_stats, zipf_pmf,
+    CTR_MIX_MAX_WEIGHT_BYTES, EXACT_HEAD_RANKS, HOT_ROW_FRACTION, TableWorkload, Workload, ZipfSampler, ZipfTables,
+    ctr_mix, ctr_tables_dlrm, generate_batch, skew_stats, table_sampler, zipf_pmf, zipf_tables,
 )
 
 SIGMAS = 6.0
@@ -92,6 +92,53 @@ def test_sampled_frequencies_and_skew_match_the_law(rows, alpha):
     assert abs(got["distinct_fraction"] - distinct) <= SIGMAS * math.sqrt(2 * distinct * (1 - distinct) / count)
     if alpha > 0:  # and the share is what the law puts on its top ranks, up to that bias
         assert got["hot1pct_share"] >= float(pmf[: math.ceil(HOT_ROW_FRACTION * rows)].sum()) - 0.01
+
+
+# (rows, alpha): a head-only table, a tail at alpha 1 (the log branch), uniform, steep, one row, big.
+LAWS = ((1000, 1.2), (1_000_003, 1.05), (5, 0.0), (20_000, 1.0), (EXACT_HEAD_RANKS, 1.3), (3_000_000, 0.0),
+        (9000, 2.5), (1, 1.1))  # fmt: skip
+
+
+def test_zipf_tables_give_each_tables_own_ranks_and_rows_exactly():
+    """``ZipfTables`` (every table in one set of kernels) is each table's ``ZipfSampler``
+    on the same uniforms, bit for bit: random ones, and every head CDF value with its
+    neighbours (where a float and an integer comparison could disagree)."""
+    tables = zipf_tables(LAWS)
+    g = torch.Generator().manual_seed(3)
+    uniforms, table_of = [], []
+    for t, sampler in enumerate(tables.samplers):
+        cdf = sampler._head_cdf_cpu[sampler._head_cdf_cpu < 1.0]
+        edges = torch.cat([cdf, torch.nextafter(cdf, torch.zeros_like(cdf)), torch.nextafter(cdf, torch.ones_like(cdf))])
+        u = torch.cat([torch.rand(50_000, dtype=torch.float64, generator=g), edges, torch.tensor([0.0])])
+        u = torch.floor(u * 2.0**53) / 2.0**53  # torch.rand's grid (ZipfTables.UNIFORM_BITS)
+        uniforms.append(u)
+        table_of.append(torch.full((u.numel(),), t))
+    u, table_of = torch.cat(uniforms), torch.cat(table_of)
+    ranks = tables.ranks_from_uniform(u, table_of)
+    rows = tables.rank_to_row(ranks, table_of)
+    for t, (num_rows, alpha) in enumerate(LAWS):
+        mine = table_of == t
+        own = table_sampler(num_rows, alpha, t)
+        assert torch.equal(ranks[mine], own.ranks_from_uniform(u[mine])), (num_rows, alpha)
+        assert torch.equal(rows[mine], own.rank_to_row(own.ranks_from_uniform(u[mine]))), (num_rows, alpha)
+
+
+def test_zipf_tables_sample_table_after_table_and_refuse_bad_input():
+    tables = zipf_tables(LAWS)
+    counts = [3000, 0, 7, 2500, 100, 1, 40, 5]
+    ids = tables.sample(counts, torch.Generator().manual_seed(0))
+    assert ids.dtype == torch.int64 and ids.numel() == sum(counts)
+    for t, part in enumerate(ids.split(counts)):
+        assert part.numel() == 0 or (part.min() >= 0 and part.max() < LAWS[t][0])
+    hot = tables.samplers[0].rank_to_row(torch.tensor([1]))
+    assert int(torch.bincount(ids[:3000]).argmax()) == int(hot)  # table 0's hottest row is where its sampler puts it
+    assert torch.equal(ids, tables.sample(counts, torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="8 tables"):
+        tables.sample([1, 2], torch.Generator())
+    with pytest.raises(ValueError, match="float64"):
+        tables.ranks_from_uniform(torch.rand(3), torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="at least one"):
+        ZipfTables([])
 
 
 @pytest.mark.parametrize("rows", [1, 2, 97, 1024, 1_000_003])

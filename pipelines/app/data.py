@@ -20,7 +20,7 @@ import torch
 
 from pipelines.app.config import DataConfig, TablesConfig
 from pipelines.resumable import DataNotReady
-from tbe_plugin.workloads import TableWorkload, ctr_tables_dlrm, table_sampler
+from tbe_plugin.workloads import TableWorkload, ctr_tables_dlrm, zipf_tables
 
 CPU = torch.device("cpu")
 
@@ -101,7 +101,10 @@ class PlantedClickLog:
     on ``device`` (the GPU when training on one) without waiting for the device: a
     Poisson table's id count is drawn on the host and spread over the bags uniformly
     (iid Poisson lengths are exactly that, given their total), so the host knows every
-    size before a kernel runs."""
+    size before a kernel runs. All tables are drawn together (``ZipfTables``): a batch
+    costs some thirty kernels whatever the number of tables. On a GPU the next batch is
+    drawn while this one trains (one ahead, on a stream of its own), so the host does not
+    wait for the drawing behind the training's queued kernels."""
 
     def __init__(
         self, tables: TablesConfig, data: DataConfig, dense_in_features: int, device: torch.device = CPU,
@@ -119,7 +122,12 @@ class PlantedClickLog:
         scales = [data.planted_id_scale / math.sqrt(T * t.mean_pooling) if t.mean_pooling > 0 else 0.0
                   for t in self.tables]  # fmt: skip
         self._id_scales = torch.tensor(scales, dtype=torch.float64, device=device)
+        self._sampler = zipf_tables(tuple((t.rows, t.alpha) for t in self.tables))
+        self._poisson = [t for t, table in enumerate(self.tables) if table.pooling != "fixed"]
+        fixed = [round(table.mean_pooling) if table.pooling == "fixed" else -1 for table in self.tables]
+        self._fixed_lengths = torch.tensor(fixed, dtype=torch.int64, device=device)[:, None]  # -1: Poisson
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._ahead: Optional[Tuple[int, Any, Any]] = None  # (index, batch, its stream's event) drawn one ahead
 
     def __iter__(self) -> Iterator[object]:
         return (batch for batch, _ in self.batches_from())
@@ -134,25 +142,41 @@ class PlantedClickLog:
         keys = rows * 0x9E3779B1 + (tables + 1) * 0x7FEB352D + (self.data.seed + 1) * 0x846CA68B
         return (_mix32(keys).double() / 2**32 * 2 - 1) * 3**0.5
 
-    def _bag_lengths(self, table: TableWorkload, count: int, g: torch.Generator) -> torch.Tensor:
-        B = self.data.batch_size
-        if table.pooling == "fixed":
-            return torch.full((B,), round(table.mean_pooling), dtype=torch.int64, device=self.device)
-        bags = torch.randint(0, B, (count,), generator=g, device=self.device)
-        return torch.zeros(B, dtype=torch.int64, device=self.device).index_add_(0, bags, torch.ones_like(bags))
+    def _bag_lengths(self, counts: List[int], g: torch.Generator) -> torch.Tensor:
+        """Every table's bag lengths, table after table (int64, T * B): fixed tables their
+        length, a Poisson table's ``counts[t]`` ids each put in a uniform bag."""
+        B, T = self.data.batch_size, len(self.tables)
+        spread = [counts[t] for t in self._poisson]
+        lengths = torch.zeros(T * B, dtype=torch.int64, device=self.device)
+        if sum(spread):
+            tables = torch.tensor(self._poisson, device=self.device)
+            table_of = torch.repeat_interleave(tables, torch.tensor(spread, device=self.device), output_size=sum(spread))
+            bags = torch.randint(0, B, (sum(spread),), generator=g, device=self.device) + table_of * B
+            lengths.index_add_(0, bags, torch.ones_like(bags))
+        fixed = self._fixed_lengths
+        return torch.where(fixed >= 0, fixed, lengths.view(T, B)).reshape(-1)
 
     def batch(self, index: int):
         """Batch ``index``. On CUDA it is drawn on a stream of its own, concurrent with the
-        training's kernels, and is whole when returned (the host waits for that stream
-        alone), so any stream may read it; its memory is kept for the current stream's
-        pending work (``record_stream``) when it is freed."""
+        training's kernels, and is whole when returned (the host waits for that stream's
+        event, recorded when it was drawn, normally a step earlier: batch ``index + 1`` is
+        drawn before this one is returned), so any stream may read it; its memory is kept
+        for the current stream's pending work (``record_stream``) when it is freed."""
         if self._stream is None:
             return self._draw(index)
-        with torch.cuda.stream(self._stream):
-            batch = self._draw(index)
-        self._stream.synchronize()
+        ahead, self._ahead = self._ahead, None
+        batch, ready = ahead[1:] if ahead is not None and ahead[0] == index else self._draw_on_stream(index)
+        if self.num_batches < 0 or index + 1 < self.num_batches:
+            self._ahead = (index + 1, *self._draw_on_stream(index + 1))
+        ready.synchronize()
         batch.record_stream(torch.cuda.current_stream(self.device))
         return batch
+
+    def _draw_on_stream(self, index: int):
+        with torch.cuda.stream(self._stream):
+            batch = self._draw(index)
+            ready = self._stream.record_event()
+        return batch, ready
 
     def _draw(self, index: int):
         from torchrec import KeyedJaggedTensor
@@ -164,13 +188,11 @@ class PlantedClickLog:
         counts = [round(t.mean_pooling) * B if t.pooling == "fixed" else int(counts_rng.poisson(t.mean_pooling * B))
                   for t in self.tables]  # fmt: skip
         g = torch.Generator(device=self.device).manual_seed(int(seeds.generate_state(1)[0]))
-        lengths, ids = [], []
-        for t, (table, count) in enumerate(zip(self.tables, counts)):
-            lengths.append(self._bag_lengths(table, count, g))
-            ids.append(table_sampler(table.rows, table.alpha, t).sample(count, g, self.device))
+        lengths = self._bag_lengths(counts, g)
+        ids = self._sampler.sample(counts, g, self.device)
         dense = torch.randn(B, self.dense_in, generator=g, device=self.device)
         features = KeyedJaggedTensor(
-            keys=[f"f{t}" for t in range(T)], values=torch.cat(ids), lengths=torch.cat(lengths), stride=B,
+            keys=[f"f{t}" for t in range(T)], values=ids, lengths=lengths, stride=B,
             length_per_key=counts, offset_per_key=[0, *itertools.accumulate(counts)],
         )  # fmt: skip
         probability = self._probability(self._logits(dense, features))

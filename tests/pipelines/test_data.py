@@ -88,6 +88,46 @@ def test_the_optimum_beats_any_other_predictor_and_label_flips_bound_it():
     assert noisy.planted_logits(noisy_batches[0]).abs().max().item() <= bound + 1e-5
 
 
+def test_fixed_and_poisson_tables_drawn_together():
+    """Tables of both bag laws in one batch: fixed ones exactly their length, Poisson ones
+    their host-drawn count spread over the bags, every id in its own table's range."""
+    from pipelines.app.config import TableSpec
+
+    specs = [TableSpec(rows=30, pooling_factor=2, bag_lengths="fixed", zipf_alpha=0.0),
+             TableSpec(rows=5000, pooling_factor=4, bag_lengths="poisson", zipf_alpha=1.2),
+             TableSpec(rows=7, pooling_factor=1, bag_lengths="fixed", zipf_alpha=1.0),
+             TableSpec(rows=100, pooling_factor=0.5, bag_lengths="poisson", zipf_alpha=0.5)]  # fmt: skip
+    tables = TablesConfig(num_tables=4, dim=4, per_table=specs)
+    batch = PlantedClickLog(tables, DataConfig(batch_size=512, seed=3), 5).batch(0)
+    features = batch.sparse_features
+    assert torch.equal(features["f0"].lengths(), torch.full((512,), 2))
+    assert torch.equal(features["f2"].lengths(), torch.full((512,), 1))
+    assert abs(features["f1"].lengths().double().mean().item() - 4) < 0.4
+    for t, spec in enumerate(specs):
+        values = features[f"f{t}"].values()
+        assert values.numel() == int(features[f"f{t}"].lengths().sum())
+        assert values.numel() == 0 or (values.min() >= 0 and values.max() < spec.rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_drawn_ahead_are_the_batches_drawn_alone():
+    """On a GPU the next batch is drawn while the current one is handed out: the batches
+    (in order, out of order, past the end) are the ones a fresh log draws alone."""
+    data, device = DataConfig(batch_size=256, seed=5), torch.device("cuda")
+    streamed = list(PlantedClickLog(TABLES, data, 5, device, num_batches=4))
+
+    def alone(i):
+        return PlantedClickLog(TABLES, data, 5, device).batch(i)
+
+    log = PlantedClickLog(TABLES, data, 5, device)
+    for i, batch in [*enumerate(streamed), (0, log.batch(0)), (2, log.batch(2)), (3, log.batch(3))]:
+        expected = alone(i)
+        assert torch.equal(batch.sparse_features.values(), expected.sparse_features.values()), i
+        assert torch.equal(batch.sparse_features.lengths(), expected.sparse_features.lengths()), i
+        assert torch.equal(batch.labels, expected.labels) and torch.equal(batch.dense_features, expected.dense_features)
+
+
 def test_planted_model_settings_are_validated():
     with pytest.raises(ConfigError, match="data.planted_label_flip"):
         DataConfig(planted_label_flip=0.5)

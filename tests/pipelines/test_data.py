@@ -2,6 +2,7 @@
 drawn from the planted model whose Bayes-optimal logits ``planted_logits`` gives; streams
 that never repeat; batch cycling (``data.distinct_batches``) for the benchmarks."""
 
+import json
 import math
 
 import pytest
@@ -136,3 +137,14 @@ def test_planted_model_settings_are_validated():
     with pytest.raises(ConfigError, match="data.criteo_eval_paths"):
         TrainConfig(data=DataConfig(source="criteo", criteo_paths=["a.tsv"]),
                     tables=TablesConfig(num_tables=26, dim=16))  # fmt: skip
+
+
+def test_drawing_benchmark_smoke(tmp_path):
+    """``pipelines.bench.planted --smoke`` times both drawings and writes its files with the commit."""
+    from pipelines.bench import planted
+
+    results = planted.main(["--smoke", "--out", str(tmp_path)])
+    assert [r["drawing"] for r in results["rows"]] == ["alone", "busy", "per-table, busy"]
+    assert all(r["host_ms_median"] > 0 for r in results["rows"])
+    assert "git_commit" in json.loads((tmp_path / "planted.json").read_text())["git"]
+    assert "| 64 | per-table, busy |" in (tmp_path / "planted.md").read_text()

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 
 from pipelines.app.config import DataConfig, ModelConfig, OptimizerConfig, ShardingConfig, TablesConfig, TrainConfig
+from pipelines.app.model import init_tables
 from tbe_plugin.benchmarks.report import git_state
 
 # Per balance: tables, pooling factor, dense MLP and over MLP. The costs they aim at
@@ -83,25 +84,11 @@ def dlrm_config(
     )  # fmt: skip
 
 
-def device_init(dmp, seed: int, bounds: List[float], block_rows: int = 65536) -> None:
-    """Table t U(-bounds[t], bounds[t]) from generators on the device seeded by (seed, t,
-    global row block), sliced into the local shards: the same weights whatever the
-    backend and the plan (the planner may shard differently from one build to the next)."""
-    with torch.no_grad():
-        for key, value in dmp.state_dict().items():
-            if "embedding_bags" not in key or not hasattr(value, "local_shards"):
-                continue
-            table, width = int(key.split(".")[-2][1:]), value.size(1)
-            bound = bounds[table]
-            for shard in value.local_shards():
-                (r0, c0), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                device = shard.tensor.device
-                for first in range(r0 // block_rows * block_rows, r0 + n, block_rows):
-                    g = torch.Generator(device=device)
-                    g.manual_seed(seed * 1_000_003 + table * 10_007 + first // block_rows)
-                    block = torch.rand(block_rows, width, generator=g, device=device) * (2 * bound) - bound
-                    lo, hi = max(first, r0), min(first + block_rows, r0 + n)
-                    shard.tensor[lo - r0 : hi - r0].copy_(block[lo - first : hi - first, c0 : c0 + m])
+def device_init(dmp, seed: int, bounds: List[float]) -> None:
+    """The app's ``init_tables`` in blocks of 65536 rows (fewer generators for big tables):
+    the same weights whatever the backend and the plan (the planner may shard differently
+    from one build to the next), drawn on the shards' device."""
+    init_tables(dmp, seed, bounds, block_rows=65536)
 
 
 def plan_summary(dmp) -> Dict[str, int]:

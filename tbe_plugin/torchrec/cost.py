@@ -135,8 +135,8 @@ class KernelSpeed:
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)
 
 
-KERNEL_BENCHMARK = "backward_h200_321432f.json"
-"""The backward suite measured on an H200 at 321432f (pieces backward, small batches graphed, the forward per column tile; results/NOTES_2026-12-02.md, part 4)."""
+KERNEL_BENCHMARK = "backward_h200_f39d6dc.json"
+"""The backward suite measured on an H200 at f39d6dc (pieces backward, vector row loads, the forward loading ids a step ahead; results/NOTES_2026-12-02.md, part 5)."""
 
 
 def default_kernel_benchmark() -> str:

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One device call (~6 minutes) that measures HEAD's defaults: the GPU tests of the forward,
 # the backward's CUDA graphs and FBGEMM parity; the kernel suite (forward and backward against
-# FBGEMM, 5 timed rounds); the end-to-end DLRM benchmark under the four pipelines; a short forward sweep on the
-# end-to-end tables (TUNE=0 skips it). Results
-# under $OUT: device.txt, gpu_tests.log, backward.json, backward.md, e2e.json, e2e.md, e2e.log, tune_forward.json.
+# FBGEMM, 5 timed rounds); the end-to-end DLRM benchmark under the four pipelines; what drawing
+# the app's planted click log costs; a short forward sweep on the end-to-end tables (TUNE=0
+# skips it). Results under $OUT (the device returns at most 8 files): device.txt,
+# gpu_tests.log, backward.json, backward.md, e2e.json, e2e.md, planted.json, planted.md
+# (tune_forward.json in place of planted.* when TUNE=1 and PLANTED=0).
 # After the GPU stack's first call (../shared/device/README.md), with the carry of part b:
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_head.sh
 source "$(dirname "$0")/device_common.sh" "HEAD's defaults"
 echo "=== gpu tests $(date +%T)"
 [ "${TESTS:-1}" = 0 ] || timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
-  tests/ops/test_backward_graphs.py tests/ops/test_embedding_forward.py tests/test_fbgemm_parity.py 2>&1 \
+  tests/pipelines/test_data.py tests/ops/test_backward_graphs.py tests/ops/test_embedding_forward.py tests/test_fbgemm_parity.py 2>  tests/ops/test_backward_graphs.py tests/ops/test_embedding_forward.py tests/test_fbgemm_parity.py 2>&1 \1 \
   | tee "$OUT/gpu_tests.log" | tail -8
 echo "=== suite $(date +%T)"
 timeout ${SUITE_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.backward --out "$OUT" --iters 5 --warmup 2 --batches 2 2>&1 \
@@ -17,7 +19,11 @@ timeout ${SUITE_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.backward --out "$
 echo "=== e2e $(date +%T)"
 timeout ${E2E_TIMEOUT:-150} python3 -m pipelines.bench.e2e --out "$OUT" --pipelines sparsedist,stale1,semisync,stale0 2>&1 \
   | grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT" \
-  | tee "$OUT/e2e.log" | tail -14
+  | tail -14
+if [ "${PLANTED:-1}" != 0 ]; then
+  echo "=== planted click log $(date +%T)"
+  timeout ${PLANTED_TIMEOUT:-90} python3 -m pipelines.bench.planted --out "$OUT" 2>&1 | tail -7
+fi
 if [ "${TUNE:-1}" != 0 ]; then
   echo "=== forward sweep $(date +%T)"
   timeout ${TUNE_TIMEOUT:-60} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" --shapes ctr-dlrm \

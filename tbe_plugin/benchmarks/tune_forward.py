@@ -8,8 +8,9 @@ The results feed that heuristic by hand; nothing reads them at run time. Outputs
 checked against the heuristic's output. Inputs come from ``tbe_plugin.workloads``: every
 bag L ids, ids uniform or truncated Zipf(1.15) with the hot rows scattered (``SHAPES``); or
 production-shaped tables with Poisson bags of per-table means and per-table skew
-(``WORKLOADS``: the end-to-end benchmark's 30 DLRM tables, the suite's ctr-mix and
-long-bags), where one launch config serves tables of very different bag lengths.
+(``WORKLOADS``: the end-to-end benchmark's 30 DLRM tables and the kernel suite's
+production configs: ctr-mix, user ids, long bags, D=512 fp16), where one launch config
+serves tables of very different bag lengths.
 """
 
 import argparse
@@ -24,7 +25,8 @@ import triton
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.benchmarks.common import collect_environment
 from tbe_plugin.ops.embedding_forward import _work_items, forward_into, pooled_launch_config
-from tbe_plugin.workloads import TableWorkload, Workload, ctr_mix, ctr_tables_dlrm, generate_batch
+from tbe_plugin.benchmarks.suite import DEVICE_PRODUCTION
+from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
 
 ZIPF_ALPHA = 1.15
 # name -> (T, B, L, dims, weights dtype, Zipf alpha of the ids; 0 = uniform)
@@ -39,14 +41,13 @@ SHAPES = {
     "L20-B512": (32, 512, 20, [128], torch.float32, 0.0),
     "L4-D64": (32, 16384, 4, [64], torch.float32, 0.0),
 }
-# name -> a production-shaped workload (its own rows, dims, bag-length laws and skew).
+# name -> a production-shaped workload (its own rows, dims, bag-length laws and skew): the
+# end-to-end benchmark's tables and the kernel suite's production configs (but FBGEMM's
+# fixed-length B=512, which ``SHAPES`` has as L20-B512).
 WORKLOADS = {
     "ctr-dlrm": Workload("ctr-dlrm", ctr_tables_dlrm(), batch_size=16384),
-    "ctr-mix": ctr_mix(),
-    "long-bags": Workload("long-bags", tuple(TableWorkload(rows=1_000_000, dim=128, mean_pooling=100 + 100 * t / 15,
-                                                           alpha=1.1) for t in range(16)),
-                          batch_size=8192, weights_precision="fp16"),
-}  # fmt: skip
+    **{w.name: w for w in DEVICE_PRODUCTION if isinstance(w, Workload)},
+}
 
 
 def candidates(L: int, max_dim: int, elem: int, first=()):
@@ -117,6 +118,12 @@ def tune_shape(name, workload: Workload, budget):
     results = []
     longest = max(round(t.mean_pooling) for t in workload.tables)
     first = production_first(max(dims), elem) if len({t.mean_pooling for t in workload.tables}) > 1 else ()
+    # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
+    bags, block_l, block_d, warps, stages, prefetch = pooled_launch_config(
+        L, max(dims), elem, workload.weights_precision == "bf16")
+    siblings = [(bags, block_l, block_d, warps, stages, prefetch),
+                (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch)]
+    first = tuple(siblings) + tuple(c for c in first if c not in siblings)
     for cand in itertools.islice(candidates(longest, max(dims), elem, first), budget):
         work = _work_items(emb.feature_dims, cand[2], emb.device)
 
@@ -132,7 +139,7 @@ def tune_shape(name, workload: Workload, budget):
             print(f"  {cand}: {type(error).__name__}", file=sys.stderr)
             continue
         results.append({"config": cand, "ms": ms, "ok": ok})
-    heuristic = pooled_launch_config(L, max(dims), elem)
+    heuristic = siblings[0]
     h_work = _work_items(emb.feature_dims, heuristic[2], emb.device)
     h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
                                         None, emb.bounds_check_status, 0, 1, emb._align, heuristic))

@@ -14,7 +14,7 @@ echo "=== gpu tests $(date +%T)"
   tests/ops tests/test_fbgemm_parity.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
 echo "=== forward sweep $(date +%T)"
 timeout ${TUNE_TIMEOUT:-170} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" \
-  --shapes ${TUNE_SHAPES:-ctr-dlrm,long-bags,ctr-mix,L20-D128-fp32,L20-D128-zipf} --budget ${TUNE_BUDGET:-30} 2>&1 \
+  --shapes ${TUNE_SHAPES:-wide-d512-fp16,ctr-mix-fp16,L20-D128-zipf,L20-D128-fp16,L100-D128,L20-B512} --budget ${TUNE_BUDGET:-30} 2>&1 \
   | grep -v "no entry for\|compatibility\|^ *$\|\[0m\|\[33m\|WARNING:root" | tee "$OUT/tune.log" | tail -6
 echo "=== backward profile $(date +%T)"
 timeout ${PROFILE_TIMEOUT:-100} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \

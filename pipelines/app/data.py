@@ -166,7 +166,8 @@ class PlantedClickLog:
             return self._draw(index)
         ahead, self._ahead = self._ahead, None
         batch, ready = ahead[1:] if ahead is not None and ahead[0] == index else self._draw_on_stream(index)
-        if self.num_batches < 0 or index + 1 < self.num_batches:
+        distinct = self.data.distinct_batches  # a cycled log draws only that many
+        if (self.num_batches < 0 or index + 1 < self.num_batches) and (not distinct or index + 1 < distinct):
             self._ahead = (index + 1, *self._draw_on_stream(index + 1))
         ready.synchronize()
         batch.record_stream(torch.cuda.current_stream(self.device))

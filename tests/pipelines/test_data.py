@@ -2,6 +2,7 @@
 drawn from the planted model whose Bayes-optimal logits ``planted_logits`` gives; streams
 that never repeat; batch cycling (``data.distinct_batches``) for the benchmarks."""
 
+import itertools
 import json
 import math
 
@@ -127,6 +128,9 @@ def test_cuda_batches_drawn_ahead_are_the_batches_drawn_alone():
         assert torch.equal(batch.sparse_features.values(), expected.sparse_features.values()), i
         assert torch.equal(batch.sparse_features.lengths(), expected.sparse_features.lengths()), i
         assert torch.equal(batch.labels, expected.labels) and torch.equal(batch.dense_features, expected.dense_features)
+    assert log._ahead is not None and log._ahead[0] == 4  # the next one is drawn
+    cycled = PlantedClickLog(TABLES, DataConfig(batch_size=256, seed=5, distinct_batches=2), 5, device)
+    assert len(list(itertools.islice(iter(cycled), 5))) == 5 and cycled._ahead is None  # nothing drawn past the cycle
 
 
 def test_planted_model_settings_are_validated():

@@ -13,6 +13,7 @@ Lives in ``tbe_plugin.ops``: imports nothing but the standard library.
 """
 
 import dataclasses
+import functools
 from typing import List, Sequence, Tuple
 
 MIN_BLOCK_D = 16
@@ -196,11 +197,13 @@ class RunsLaunch:
                            piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps)  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1)
 def runs_launch() -> RunsLaunch:
     """The default launch sizes: the pieces design (``RunsLaunch.design``). For the chunk
     design, measured on the H200 (commit d003ee9): 16-warp programs of 32 ids took 2x the
     time of 4-warp programs of 16 ids (cross-warp scans and barriers hold every warp for
-    the slowest load), so chunk programs are small."""
+    the slowest load), so chunk programs are small. One shared (frozen) value: the
+    launchers ask for it every step."""
     return RunsLaunch()
 
 

@@ -55,7 +55,7 @@ from tbe_plugin.ops.backward_runs import (
     _long_run_kernel,
     _segment_kernel,
 )
-from tbe_plugin.ops.common import Pooling
+from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
 from tbe_plugin.ops.indexing import (
     _META_COLS,
     _META_DIM,
@@ -137,7 +137,7 @@ def _positions_kernel(
 def positions_window(offsets: torch.Tensor, num_indices: int, block: int) -> torch.Tensor:
     """For ``_positions_kernel``'s programs of ``block`` positions: upper_bound(offsets, k *
     block) for k = 0 .. programs (the last entry bounds the last program), int64."""
-    programs = triton.cdiv(num_indices, block)
+    programs = cdiv(num_indices, block)
     starts = torch.arange(0, (programs + 1) * block, block, device=offsets.device, dtype=offsets.dtype)
     return torch.searchsorted(offsets, starts, right=True)
 
@@ -304,10 +304,10 @@ def backward_update(
         sentinel, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
         num_warps=POSITIONS_WARPS,
     )  # fmt: skip
-    block_d = max(16, triton.next_power_of_2(max_dim))
+    block_d = max(16, next_power_of_2(max_dim))
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
-        _psw_grad_kernel[(triton.cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
+        _psw_grad_kernel[(cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
             grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
             psw_grad, B, N, sentinel, MEAN=mean, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
         )  # fmt: skip
@@ -316,7 +316,7 @@ def backward_update(
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
     sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
     sorted_scale = torch.empty_like(scale)
-    _sorted_operands_kernel[(triton.cdiv(N, SORTED_OPERANDS_BLOCK),)](
+    _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         B, grad_output.stride(0), N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
         BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
@@ -358,7 +358,7 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
         padded = list(chunk_ids) + [1] * (MAX_CLASSES - len(chunk_ids))
         _CLASS_CHUNKS[key] = torch.tensor(padded, dtype=torch.int32, device=device)
     class_chunk = _CLASS_CHUNKS[key]
-    blocks = triton.cdiv(N, LIST_BLOCK)
+    blocks = cdiv(N, LIST_BLOCK)
     counts = torch.empty(blocks, dtype=torch.int32, device=device)
     # At most one chunk per CHUNK ids of each class, plus a partial chunk per class.
     chunk_list = torch.full((N // min(chunk_ids) + len(chunk_ids) + 1,), torch.iinfo(torch.int64).max,
@@ -392,7 +392,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     # A long run outlasts its chunk and halo: at most one per CHUNK + 2 ids.
     long_runs = torch.empty(N // (min(c.chunk_ids for c in per_class) + 2) + 1, dtype=torch.int64, device=device)
     stride = max(block_ds)
-    slots = [triton.cdiv(N, unit) + len(block_ds) + 1 for unit in (segment, segment * fan_in, segment * fan_in ** 2)]
+    slots = [cdiv(N, unit) + len(block_ds) + 1 for unit in (segment, segment * fan_in, segment * fan_in ** 2)]
     segment_sums, group_sums, supergroup_sums = (
         torch.empty(n * stride, dtype=torch.float32, device=device) for n in slots
     )
@@ -401,7 +401,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     mode = 2 - CHUNK_MODES.index(launch.chunk_mode_for(len(per_class)))  # the kernel's MODE: 2 list, 1 loop, 0 grid
     chunk_list, list_pos = _listed_chunks(sorted_rows, class_pos, per_class) if mode == 2 else (long_runs, class_pos)
     for klass, sizes in enumerate(per_class):
-        chunks = triton.cdiv(N, sizes.chunk_ids)
+        chunks = cdiv(N, sizes.chunk_ids)
         _chunk_kernel[(min(chunks, sms * launch.chunk_programs_per_sm) if mode else chunks,)](
             grad_output, *sorted_operands, weights, m1, m2, long_runs, long_count, class_pos, chunk_list, list_pos,
             klass, step, hyper,
@@ -412,7 +412,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     if N <= 2 * min(c.chunk_ids for c in per_class):
         return  # every run ends by its chunk's halo: none is long
     batch = launch.batch
-    loop_grid = (min(triton.cdiv(N, segment * batch), sms * launch.loop_programs_per_sm),)
+    loop_grid = (min(cdiv(N, segment * batch), sms * launch.loop_programs_per_sm),)
     for klass, sizes in enumerate(per_class):
         if N > segment:
             _segment_kernel[loop_grid](
@@ -490,7 +490,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     device, N = weights.device, sorted_rows.numel()
     piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
     cells = N // piece + 1
-    blocks = triton.cdiv(N + 1, MARKS_BLOCK)
+    blocks = cdiv(N + 1, MARKS_BLOCK)
     # Pieces per block, then multi runs per block: one vector, so that its running totals
     # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
     # at ctr-mix's 22k blocks, H200, e45a0a4).
@@ -516,13 +516,13 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
                                                       N + cells + 1, scaled, sms)  # fmt: skip
     stride = max(c.block_d for c in per_class)
     cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
-    levels = [triton.cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
+    levels = [cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
     group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
     _, sorted_w_start, sorted_dim, _, _ = sorted_operands
     for klass, sizes in enumerate(per_class):
         most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
-        pieces_grid = triton.cdiv(most_pieces, sizes.piece_runs)
+        pieces_grid = cdiv(most_pieces, sizes.piece_runs)
         if launch.piece_programs_per_sm:
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](

@@ -12,6 +12,7 @@ unpooled (``Pooling.NONE``) outputs are ``[len(indices), max D]``, one row per i
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
+import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.bounds import raise_if_fatal, warn_once
-from tbe_plugin.ops.common import BoundsCheck, Pooling
+from tbe_plugin.ops.common import BoundsCheck, Pooling, cdiv, next_power_of_2
 from tbe_plugin.ops.indexing import (
     _META_COLS,
     _META_DIM,
@@ -204,7 +205,7 @@ def _unpooled_forward_kernel(
 
 def pooled_tile(dim: int) -> int:
     """The pooled kernel's column block for rows of ``dim``: a power of two, 16 to 128."""
-    return max(16, min(triton.next_power_of_2(max(dim, 1)), 128))
+    return max(16, min(next_power_of_2(dim), 128))
 
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
@@ -274,13 +275,13 @@ def forward_into(
     if pooling == Pooling.NONE:
         if check and B > 0:
             total_bags = num_features * B
-            _offsets_check_kernel[(triton.cdiv(total_bags, 1024),)](
+            _offsets_check_kernel[(cdiv(total_bags, 1024),)](
                 offsets, status, total_bags, num_indices, BLOCK=1024
             )
         if num_indices == 0:
             return
         block_n, block_d, num_warps = config
-        grid = (triton.cdiv(num_indices, block_n),)
+        grid = (cdiv(num_indices, block_n),)
         _unpooled_forward_kernel[grid](
             weights, feature_meta, indices, offsets, psw, out, status,
             B, num_features, num_indices, out.stride(0), out.shape[1],
@@ -293,7 +294,7 @@ def forward_into(
         return
     bags, block_l, block_d, num_warps, num_stages, *prefetch = config
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
-    grid = (triton.cdiv(B, bags), num_features if direct else work_items.shape[0])
+    grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     _pooled_forward_kernel[grid](
         weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
         B, num_features * B, num_indices, out.stride(0),
@@ -305,7 +306,7 @@ def forward_into(
 
 def unpooled_launch_config(max_dim: int, elem_size: int):
     """(BLOCK_N, BLOCK_D, num_warps) for the unpooled kernel: ~8 KB of rows per step."""
-    block_d = max(16, min(triton.next_power_of_2(max(max_dim, 1)), 512 // elem_size))
+    block_d = max(16, min(next_power_of_2(max_dim), 512 // elem_size))
     block_n = max(1, min(64, 8192 // (block_d * elem_size)))
     return block_n, block_d, 4
 
@@ -327,14 +328,20 @@ def _work_items(dims: Sequence[int], block_d: int, device: torch.device,
     return items
 
 
-def pooled_tile_classes(dims: Sequence[int]) -> List[Tuple[int, Tuple[int, ...]]]:
+def pooled_tile_classes(dims: Sequence[int]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
     """Features grouped by the column tile their rows need (power of two, 16 to 128):
     [(tile, features)], smallest tile first. A launch per group, so that a table of D=16
-    does not run in a 128-column tile beside a table of D=128 (mixed D)."""
+    does not run in a 128-column tile beside a table of D=128 (mixed D). Cached per dims
+    (the launcher asks every step)."""
+    return _tile_classes(tuple(dims))
+
+
+@functools.lru_cache(maxsize=256)
+def _tile_classes(dims: Tuple[int, ...]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
     groups: Dict[int, List[int]] = {}
     for f, d in enumerate(dims):
         groups.setdefault(pooled_tile(d), []).append(f)
-    return [(tile, tuple(features)) for tile, features in sorted(groups.items())]
+    return tuple((tile, tuple(features)) for tile, features in sorted(groups.items()))
 
 
 def output_shape(num_indices, num_bags_plus_one, dims: Sequence[int], pooling: int):

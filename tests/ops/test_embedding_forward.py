@@ -207,3 +207,22 @@ def test_every_launch_size_sums_the_bags(pooling, weighted):
         assert torch.equal(outputs[0], outputs[1])
         assert_tbe_close(outputs[0], expected, 23)
     assert directs >= 4  # the 64-column configs
+
+
+def test_host_helpers_match_tritons():
+    """The launchers' plain-Python ceil division and power of two (Triton's are constexpr
+    functions, ~5 us a call on the host) give Triton's values; the tile classes are cached
+    and immutable."""
+    import triton
+
+    from tbe_plugin.ops.common import cdiv, next_power_of_2
+    from tbe_plugin.ops.embedding_forward import pooled_tile_classes
+
+    assert next_power_of_2(0) == 1  # a row of no columns still takes the smallest tile (Triton's gives 0)
+    for n in [1, 2, 3, 4, 5, 7, 8, 9, 127, 128, 129, 1000, 2**20 - 1, 2**20, 2**20 + 1, 2**40 + 3]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 64, 1024):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+    classes = pooled_tile_classes([16, 128, 20, 300, 8, 64])
+    assert classes == ((16, (0, 4)), (32, (2,)), (64, (5,)), (128, (1, 3)))
+    assert pooled_tile_classes([16, 128, 20, 300, 8, 64]) is classes and isinstance(classes, tuple)

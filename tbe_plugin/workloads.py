@@ -189,15 +189,18 @@ class ZipfTables:
             "shift": torch.tensor([s.shift for s in self.samplers], dtype=torch.int64),
             "has_tail": torch.tensor([s.tail_probability > 0.0 for s in self.samplers]),
         }
-        floats = []  # per table: head probability, tail probability, exponent, log ratio, expm1, tail start
-        for s in self.samplers:
-            exponent = 1.0 - s.alpha
-            log_ratio = math.log(s._tail_stop / s._tail_start)
-            tail = s.tail_probability
-            floats.append((1.0 - tail, tail if tail > 0.0 else 1.0, exponent, log_ratio,
-                           math.expm1(exponent * log_ratio), s._tail_start))  # fmt: skip
-        per_table["floats"] = torch.tensor(floats, dtype=torch.float64)
+        for name, value in (
+            ("head_probability", lambda s: 1.0 - s.tail_probability),
+            ("tail_probability", lambda s: s.tail_probability if s.tail_probability > 0.0 else 1.0),
+            ("exponent", lambda s: 1.0 - s.alpha),
+            ("log_ratio", lambda s: math.log(s._tail_stop / s._tail_start)),
+            ("expm1", lambda s: math.expm1((1.0 - s.alpha) * math.log(s._tail_stop / s._tail_start))),
+            ("tail_start", lambda s: s._tail_start),
+        ):  # one float64 per table each, gathered per id as contiguous vectors
+            per_table[name] = torch.tensor([value(s) for s in self.samplers], dtype=torch.float64)
         self._per_table_cpu = per_table
+        self._any_alpha_one = any(s.alpha == 1.0 for s in self.samplers)  # the tail's log branch
+        self._any_tail = any(s.tail_probability > 0.0 for s in self.samplers)
         self._on: dict = {}
 
     def _tables_on(self, device: torch.device):
@@ -215,12 +218,17 @@ class ZipfTables:
         found = torch.searchsorted(keys, base + (uniform * float(2**UNIFORM_BITS)).to(torch.int64), right=True)
         head_ranks = per["head_ranks"][table_of]
         ranks = (found - per["first"][table_of]).clamp_(max=head_ranks)  # 0-based; head_ranks = "in the tail"
-        f = per["floats"][table_of]  # [N, 6]
-        head_probability, tail_probability, exponent, log_ratio, expm1, tail_start = f.unbind(1)
-        within_tail = ((uniform - head_probability) / tail_probability).clamp_(0.0, 1.0)
-        safe = torch.where(exponent == 0.0, 1.0, exponent)
-        position = torch.where(exponent == 0.0, within_tail * log_ratio, torch.log1p(within_tail * expm1) / safe)
-        tail_ranks = torch.floor(tail_start * torch.exp(position) + 0.5)
+        if not self._any_tail:
+            return ranks.clamp_(max=head_ranks - 1) + 1
+        within_tail = ((uniform - per["head_probability"][table_of]) / per["tail_probability"][table_of]).clamp_(0.0, 1.0)
+        exponent = per["exponent"][table_of]
+        if self._any_alpha_one:
+            safe = torch.where(exponent == 0.0, 1.0, exponent)
+            position = torch.where(exponent == 0.0, within_tail * per["log_ratio"][table_of],
+                                   torch.log1p(within_tail * per["expm1"][table_of]) / safe)  # fmt: skip
+        else:
+            position = torch.log1p(within_tail * per["expm1"][table_of]) / exponent
+        tail_ranks = torch.floor(per["tail_start"][table_of] * torch.exp(position) + 0.5)
         tail_ranks = torch.minimum(torch.maximum(tail_ranks, (head_ranks + 1).double()),
                                    per["rows"][table_of].double()).to(torch.int64)  # fmt: skip
         in_tail = (ranks >= head_ranks) & per["has_tail"][table_of]
@@ -231,17 +239,23 @@ class ZipfTables:
         _, per = self._tables_on(ranks.device)
         return ((ranks - 1) * per["stride"][table_of] + per["shift"][table_of]).remainder_(per["rows"][table_of])
 
-    def sample(self, counts: "list[int]", generator: torch.Generator, device: torch.device | str | None = None
-               ) -> torch.Tensor:
+    def sample(self, counts: "list[int]", generator: torch.Generator, device: torch.device | str | None = None,
+               vectorized: bool | None = None) -> torch.Tensor:
         """``counts[t]`` ids (rows, int64) of each table t, table after table, from one
-        float64 uniform each drawn in that order."""
+        float64 uniform each drawn in that order. ``vectorized`` (default: on CUDA) maps
+        them in one set of kernels; otherwise table by table (on a CPU, where a kernel is a
+        function call, that is ~2x faster: no per-id table constants, shorter searches).
+        Both give the same ids."""
         device = torch.device(device) if device is not None else generator.device
         if len(counts) != len(self.samplers):
             raise ValueError(f"{len(counts)} counts for {len(self.samplers)} tables")
         total = sum(counts)
+        uniform = torch.rand(total, generator=generator, dtype=torch.float64, device=device)
+        if not (device.type == "cuda" if vectorized is None else vectorized):
+            return torch.cat([s.rank_to_row(s.ranks_from_uniform(u)) for s, u in zip(self.samplers,
+                                                                                    uniform.split(counts))])
         table_of = torch.repeat_interleave(torch.arange(len(counts), device=device),
                                            torch.tensor(counts, device=device), output_size=total)  # fmt: skip
-        uniform = torch.rand(total, generator=generator, dtype=torch.float64, device=device)
         return self.rank_to_row(self.ranks_from_uniform(uniform, table_of), table_of)
 
 

@@ -133,6 +133,8 @@ def test_zipf_tables_sample_table_after_table_and_refuse_bad_input():
     hot = tables.samplers[0].rank_to_row(torch.tensor([1]))
     assert int(torch.bincount(ids[:3000]).argmax()) == int(hot)  # table 0's hottest row is where its sampler puts it
     assert torch.equal(ids, tables.sample(counts, torch.Generator().manual_seed(0)))
+    # the vectorized path (CUDA's default) and the per-table one (the CPU's) give the same ids
+    assert torch.equal(ids, tables.sample(counts, torch.Generator().manual_seed(0), vectorized=True))
     with pytest.raises(ValueError, match="8 tables"):
         tables.sample([1, 2], torch.Generator())
     with pytest.raises(ValueError, match="float64"):

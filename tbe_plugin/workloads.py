@@ -101,6 +101,11 @@ class ZipfSampler:
         self.tail_probability = tail_mass / total
         if self.tail_probability == 0.0:
             self._head_cdf_cpu[-1] = 1.0  # no rounding may leave u above the last rank
+        # The tail's inverse CDF: position = log1p(w * expm1(e * log_ratio)) / e with
+        # e = 1 - alpha (w * log_ratio when e = 0), rank = floor(tail_start * exp(position) + 1/2).
+        self.tail_exponent = 1.0 - self.alpha
+        self.tail_log_ratio = math.log(self._tail_stop / self._tail_start)
+        self.tail_expm1 = math.expm1(self.tail_exponent * self.tail_log_ratio)
         self._head_cdf: dict[torch.device, torch.Tensor] = {}
 
     def __repr__(self) -> str:
@@ -121,12 +126,10 @@ class ZipfSampler:
             return ranks.clamp_(max=self.head_ranks - 1) + 1
         head_probability = 1.0 - self.tail_probability
         within_tail = ((uniform - head_probability) / self.tail_probability).clamp_(0.0, 1.0)
-        exponent = 1.0 - self.alpha
-        log_ratio = math.log(self._tail_stop / self._tail_start)
-        if exponent == 0.0:
-            position = within_tail * log_ratio
+        if self.tail_exponent == 0.0:
+            position = within_tail * self.tail_log_ratio
         else:
-            position = torch.log1p(within_tail * math.expm1(exponent * log_ratio)) / exponent
+            position = torch.log1p(within_tail * self.tail_expm1) / self.tail_exponent
         tail_ranks = torch.floor(self._tail_start * torch.exp(position) + 0.5)
         tail_ranks = tail_ranks.clamp_(self.head_ranks + 1, self.num_rows).to(torch.int64)
         return torch.where(ranks >= self.head_ranks, tail_ranks, ranks + 1)
@@ -192,14 +195,14 @@ class ZipfTables:
         for name, value in (
             ("head_probability", lambda s: 1.0 - s.tail_probability),
             ("tail_probability", lambda s: s.tail_probability if s.tail_probability > 0.0 else 1.0),
-            ("exponent", lambda s: 1.0 - s.alpha),
-            ("log_ratio", lambda s: math.log(s._tail_stop / s._tail_start)),
-            ("expm1", lambda s: math.expm1((1.0 - s.alpha) * math.log(s._tail_stop / s._tail_start))),
+            ("exponent", lambda s: s.tail_exponent),
+            ("log_ratio", lambda s: s.tail_log_ratio),
+            ("expm1", lambda s: s.tail_expm1),
             ("tail_start", lambda s: s._tail_start),
         ):  # one float64 per table each, gathered per id as contiguous vectors
             per_table[name] = torch.tensor([value(s) for s in self.samplers], dtype=torch.float64)
         self._per_table_cpu = per_table
-        self._any_alpha_one = any(s.alpha == 1.0 for s in self.samplers)  # the tail's log branch
+        self._any_alpha_one = any(s.tail_exponent == 0.0 for s in self.samplers)  # the tail's log branch
         self._any_tail = any(s.tail_probability > 0.0 for s in self.samplers)
         self._on: dict = {}
 

@@ -125,6 +125,7 @@ class PlantedClickLog:
         self._id_scales = torch.tensor(scales, dtype=torch.float64, device=device)
         self._sampler = zipf_tables(tuple((t.rows, t.alpha) for t in self.tables))
         self._poisson = [t for t, table in enumerate(self.tables) if table.pooling != "fixed"]
+        self._poisson_tables = torch.tensor(self._poisson, dtype=torch.int64, device=device)
         fixed = [round(table.mean_pooling) if table.pooling == "fixed" else -1 for table in self.tables]
         self._fixed_lengths = torch.tensor(fixed, dtype=torch.int64, device=device)[:, None]  # -1: Poisson
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -148,11 +149,12 @@ class PlantedClickLog:
         length, a Poisson table's ``counts[t]`` ids each put in a uniform bag."""
         B, T = self.data.batch_size, len(self.tables)
         spread = [counts[t] for t in self._poisson]
+        total = sum(spread)
         lengths = torch.zeros(T * B, dtype=torch.int64, device=self.device)
-        if sum(spread):
-            tables = torch.tensor(self._poisson, device=self.device)
-            table_of = torch.repeat_interleave(tables, torch.tensor(spread, device=self.device), output_size=sum(spread))
-            bags = torch.randint(0, B, (sum(spread),), generator=g, device=self.device) + table_of * B
+        if total:
+            table_of = torch.repeat_interleave(self._poisson_tables, torch.tensor(spread, device=self.device),
+                                               output_size=total)  # fmt: skip
+            bags = torch.randint(0, B, (total,), generator=g, device=self.device) + table_of * B
             lengths.index_add_(0, bags, torch.ones_like(bags))
         fixed = self._fixed_lengths
         return torch.where(fixed >= 0, fixed, lengths.view(T, B)).reshape(-1)

@@ -10,6 +10,7 @@ import torch
 
 from pipelines.app.config import TrainConfig
 
+
 def build_model(cfg: TrainConfig, device: torch.device, world_size: int, init: Optional[Any] = None,
                 plan: Optional[Any] = None):
     """DLRM over the configured tables, sharded for ``cfg.backend`` by ``plan`` (default:

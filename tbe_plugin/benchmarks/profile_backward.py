@@ -64,6 +64,17 @@ CANDIDATES = {
     "records": _launch(piece_records=True),
     # ... visited in the order of the gradient rows they read (L2 serves the gather).
     "ordered": _launch(piece_records=True, piece_order=True),
+    # The pieces' operands loaded 0, 1 or 2 rounds ahead (piece_ahead), with as many looping
+    # programs as stay resident at the registers each takes (ptxas, sm_90, D=128 fp32:
+    # ~64 at 0, ~115 at 1, ~146 at 2).
+    "ahead0": _launch(piece_ahead=0),
+    "ahead2": _launch(piece_ahead=2),
+    "ahead1": _launch(piece_ahead=1),
+    "ahead1_p8": _launch(piece_ahead=1, piece_programs_per_sm=8),
+    "ahead2_p6": _launch(piece_ahead=2, piece_programs_per_sm=6),
+    "records_ahead0": _launch(piece_records=True, piece_ahead=0),
+    "records_ahead1_p8": _launch(piece_records=True, piece_ahead=1, piece_programs_per_sm=8),
+    "records_ahead2_p6": _launch(piece_records=True, piece_ahead=2, piece_programs_per_sm=6),
 }
 
 

@@ -39,6 +39,12 @@ WORKLOADS = {
                                            for _ in range(32)), batch_size=512),  # fmt: skip
     "user-id": Workload("user-id", tuple(TableWorkload(rows=10_000_000, dim=128, mean_pooling=1, pooling="fixed",
                                                        alpha=a) for a in (1.2, 1.2, 1.25, 1.3)), batch_size=65536),
+    # Larger than the graphs' limit (RunsLaunch.graph_max_ids): launched eagerly.
+    "uniform-b8192": Workload("uniform-b8192", tuple(TableWorkload(rows=1_000_000, dim=128, mean_pooling=20,
+                                                                   pooling="fixed") for _ in range(32)),
+                              batch_size=8192),
+    "wide-d512": Workload("wide-d512", tuple(TableWorkload(rows=1_000_000, dim=512, mean_pooling=20, alpha=1.05)
+                                             for _ in range(16)), batch_size=8192),
 }  # fmt: skip
 
 

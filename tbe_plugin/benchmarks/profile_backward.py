@@ -75,6 +75,13 @@ CANDIDATES = {
     "records_ahead0": _launch(piece_records=True, piece_ahead=0),
     "records_ahead1_p8": _launch(piece_records=True, piece_ahead=1, piece_programs_per_sm=8),
     "records_ahead2_p6": _launch(piece_records=True, piece_ahead=2, piece_programs_per_sm=6),
+    # Records free registers (ptxas sm_90, D=128 fp32 rowwise: 40 against 60): more resident
+    # programs; 8 gathers a step in flight a lane.
+    "records_p20": _launch(piece_records=True, piece_programs_per_sm=20),
+    "records_p24": _launch(piece_records=True, piece_programs_per_sm=24),
+    "unroll8": _launch(piece_unroll=8),
+    "records_unroll8": _launch(piece_records=True, piece_unroll=8),
+    "records_unroll8_p20": _launch(piece_records=True, piece_unroll=8, piece_programs_per_sm=20),
 }
 
 

@@ -63,6 +63,9 @@ class ClassLaunch:
     tree_warps: int = 2
     """Warps of the cell-group and multi-run programs (their sums of 8 partials a load
     take 1024 elements a warp)."""
+    piece_unroll: int = 4
+    """Gathers of each piece issued at once (``RunsLaunch.piece_unroll``, or
+    ``wide_piece_unroll`` at tiles of 512 and more)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +132,10 @@ class RunsLaunch:
     sums of 8 partials a load exceed 512 elements a warp, up to max_loop_warps)."""
     piece_unroll: int = 4
     """``pieces``: gathers of each piece issued before their sums (ids in flight per lane)."""
+    wide_piece_unroll: int = 8
+    """``pieces``: the same at tiles of 512 elements and more (one piece a program): H200 at
+    c56e3177, wide-d512-fp16 backward 2.30 ms at 8 against 2.65 at 4; 8 at D=128 took 72
+    registers against 60 (ptxas sm_90) and b65536 31.1 ms against 18.7."""
     piece_records: bool = False
     """``pieces``: the marks kernel stores beside each piece what the pieces kernel needs of
     it (row, flags, row start, D, first gradient row), so that a round of pieces waits on
@@ -144,12 +151,14 @@ class RunsLaunch:
     or 2; ``_pieces_kernel``'s AHEAD): 2 leaves a round of short pieces one round trip to
     memory instead of three or four, but takes ~146 registers a thread against ~64 at 0
     (ptxas sm_90, D=128 fp32): a third of the resident programs."""
-    graph_max_ids: int = 1 << 20
+    graph_max_ids: int = 1 << 22
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel
     launches and their Python); 0: never. H200 at d7a99c8 (profile_backward, candidate
     ``graphs``): user-id 1.73 -> 0.81 ms, FBGEMM's B=512 standard 2.04 -> 0.94, no larger
-    batch slower."""
+    batch slower. 2**22 since c56e3177 (was 2**20): the eager backward's host path took
+    1.3 ms at D=512, B=8192, 2.6M ids (host_profile), the device 0.5 ms before its pieces
+    kernel; a graph's pool is ~100 bytes an id of its bucket (~0.4 GB at the limit)."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the
@@ -173,13 +182,14 @@ class RunsLaunch:
             raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
         if self.piece_programs_per_sm < 0:
             raise ValueError(f"RunsLaunch.piece_programs_per_sm must be >= 0, got {self.piece_programs_per_sm}")
-        for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_unroll"):
+        for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_unroll", "wide_piece_unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RunsLaunch.{name} must be >= 1, got {getattr(self, name)}")
         if self.design not in DESIGNS:
             raise ValueError(f"RunsLaunch.design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
-        if self.piece_unroll > 16:
-            raise ValueError(f"RunsLaunch.piece_unroll must be at most 16 (gathers unrolled), got {self.piece_unroll}")
+        for name in ("piece_unroll", "wide_piece_unroll"):
+            if getattr(self, name) > 16:
+                raise ValueError(f"RunsLaunch.{name} must be at most 16 (gathers unrolled), got {getattr(self, name)}")
         if self.chunk_mode not in CHUNK_MODES + (AUTO,):
             raise ValueError(
                 f"RunsLaunch.chunk_mode must be one of {', '.join(CHUNK_MODES + (AUTO,))}, got {self.chunk_mode!r}"
@@ -200,8 +210,10 @@ class RunsLaunch:
         runs = max(1, self.piece_elements // block_d)
         piece_warps = min(16, max(self.piece_warps, runs * block_d // 128))
         tree_warps = min(self.max_loop_warps, max(self.tree_warps, 8 * block_d // 512))
+        unroll = self.wide_piece_unroll if block_d >= 512 else self.piece_unroll
         return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps,
-                           piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps)  # fmt: skip
+                           piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps,
+                           piece_unroll=unroll)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)

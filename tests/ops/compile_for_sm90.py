@@ -212,7 +212,7 @@ def pieces_variants():
                                   STOCHASTIC_ROUNDING=weights != "*fp32", BLOCK_D=block_d, ALIGN=4,
                                   PIECE=launch.piece_ids)  # fmt: skip
                 if kernel is pieces._pieces_kernel:
-                    constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=launch.piece_unroll,
+                    constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
                                       BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
                                       AHEAD=launch.piece_ahead)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
@@ -233,7 +233,7 @@ def pieces_variants():
     sizes = launch.for_block_d(128)
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
-                                      UNROLL=launch.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
+                                      UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
                                       AHEAD=launch.piece_ahead), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip

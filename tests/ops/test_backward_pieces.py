@@ -219,3 +219,16 @@ def test_pieces_int64_row_keys(monkeypatch):
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
     emb.backward_launch = PIECES
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.7, weighted=True, lr=0.05)
+
+
+def test_wide_tiles_take_their_own_unroll():
+    """Tiles of 512 elements and more issue ``wide_piece_unroll`` gathers a step, narrower
+    ones ``piece_unroll``; a D=300 table next to a D=8 one (tiles 512 and 16) trains as the
+    reference does with hot runs longer than a step of either."""
+    launch = dataclasses.replace(PIECES, piece_unroll=2, wide_piece_unroll=8)
+    assert [launch.for_block_d(d).piece_unroll for d in (16, 256, 512, 1024)] == [2, 2, 8, 8]
+    emb = build("EXACT_ROWWISE_ADAGRAD", specs=[(19, 300), (23, 8)], ftm=[0, 1], learning_rate=0.05)
+    emb.backward_launch = launch
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=6, max_len=12, hot=0.8, lr=0.05)
+    with pytest.raises(ValueError, match="RunsLaunch.wide_piece_unroll"):
+        RunsLaunch(wide_piece_unroll=17)

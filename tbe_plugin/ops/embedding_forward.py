@@ -86,6 +86,12 @@ def _pooled_forward_kernel(
     )
     length = end - start
     max_len = tl.max(length, axis=0)
+    if MEAN and BLOCK_L > 1:
+        # With several ids a step each row is scaled by 1/L as it is read (as the
+        # backward's factor): scaling the sums at the end held the lengths in a second
+        # layout, reloaded the offsets and spilled (ptxas sm_90, the L~20 tile: fp16 0 ->
+        # 128 bytes a thread, fp32 112 -> 392); with one id a step, the end spills less.
+        inv = tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
 
     cols = d_start + tl.arange(0, BLOCK_D)
     col_mask = cols < dim
@@ -121,10 +127,11 @@ def _pooled_forward_kernel(
         if WEIGHTED:
             w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
             vals = vals * w.to(tl.float32)[:, :, None]
+        if MEAN and BLOCK_L > 1:
+            vals = vals * inv[None, :, None]
         acc += tl.sum(vals, axis=0)
-    if MEAN:
-        inv = tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
-        acc = acc * inv[:, None]
+    if MEAN and BLOCK_L == 1:
+        acc = acc * tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)[:, None]
     # The row stride (the sum of the D) is a multiple of ALIGN too: vector stores.
     out_ptrs = out_ptr + b[:, None].to(tl.int64) * (out_stride // ALIGN * ALIGN) + out_col + cols[None, :]
     tl.store(

@@ -138,7 +138,7 @@ def variants():
         for avg_len in (1, 4, 20, 100):
             bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, 128, elem,
                                                                                           weights == "*bf16")
-            for mean, weighted in ((False, False), (True, True)):
+            for mean, weighted in ((False, False), (True, False), (True, True)):
                 yield forward._pooled_forward_kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
                     BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,

@@ -51,9 +51,10 @@ def test_backward_kernels_do_not_spill_registers(compiled):
 
 def test_forward_heuristic_does_not_spill_16_bit_rows(compiled):
     """The pooled forward's launch sizes for fp16 and bf16 rows without per-sample weights
-    do not spill (ptxas, sm_90). The one that did (PREFETCH on bf16: 104 bytes a thread)
-    ran 1.38x slower on the H200 (suite, f39d6dc), so the heuristic gives bf16 its own
-    tile. fp32 tiles and the weighted variants (a weight an id) spill some and were timed
+    do not spill (ptxas, sm_90), SUM or MEAN. The one that did (PREFETCH on bf16: 104 bytes
+    a thread) ran 1.38x slower on the H200 (suite, f39d6dc), so the heuristic gives bf16 its
+    own tile; MEAN scaled the sums at the end and spilled 128 bytes for fp16 (392 for fp32,
+    against SUM's 112), so each row is scaled as it is read. fp32 tiles and the weighted variants (a weight an id) spill some and were timed
     faster anyway (suite at f39d6dc: weighted 1.165x FBGEMM)."""
     half = [r for r in compiled if r["kernel"] == "_pooled_forward_kernel" and r["weights"] in ("*fp16", "*bf16")
             and not r["constexprs"]["WEIGHTED"]]  # fmt: skip

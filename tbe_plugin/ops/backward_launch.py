@@ -151,14 +151,14 @@ class RunsLaunch:
     or 2; ``_pieces_kernel``'s AHEAD): 2 leaves a round of short pieces one round trip to
     memory instead of three or four, but takes ~146 registers a thread against ~64 at 0
     (ptxas sm_90, D=128 fp32): a third of the resident programs."""
-    graph_max_ids: int = 1 << 22
+    graph_max_ids: int = 1 << 20
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel
     launches and their Python); 0: never. H200 at d7a99c8 (profile_backward, candidate
     ``graphs``): user-id 1.73 -> 0.81 ms, FBGEMM's B=512 standard 2.04 -> 0.94, no larger
-    batch slower. 2**22 since c56e3177 (was 2**20): the eager backward's host path took
-    1.3 ms at D=512, B=8192, 2.6M ids (host_profile), the device 0.5 ms before its pieces
-    kernel; a graph's pool is ~100 bytes an id of its bucket (~0.4 GB at the limit)."""
+    batch slower. 2**22 was tried at 11be7c3 (suite): l1 (2.1M ids, a 1.07 GB output
+    gradient the graph copies into its buffer) 1.98 ms against 1.50 eager at beeb038, and
+    wide-d512-fp16 2.29 against 2.30 eager (c56e317): back to 2**20."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

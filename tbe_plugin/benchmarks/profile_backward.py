@@ -64,19 +64,8 @@ CANDIDATES = {
     "records": _launch(piece_records=True),
     # ... visited in the order of the gradient rows they read (L2 serves the gather).
     "ordered": _launch(piece_records=True, piece_order=True),
-    # The pieces' operands loaded 0, 1 or 2 rounds ahead (piece_ahead), with as many looping
-    # programs as stay resident at the registers each takes (ptxas, sm_90, D=128 fp32:
-    # ~64 at 0, ~115 at 1, ~146 at 2).
-    "ahead0": _launch(piece_ahead=0),
-    "ahead2": _launch(piece_ahead=2),
-    "ahead1": _launch(piece_ahead=1),
-    "ahead1_p8": _launch(piece_ahead=1, piece_programs_per_sm=8),
-    "ahead2_p6": _launch(piece_ahead=2, piece_programs_per_sm=6),
-    "records_ahead0": _launch(piece_records=True, piece_ahead=0),
-    "records_ahead1_p8": _launch(piece_records=True, piece_ahead=1, piece_programs_per_sm=8),
-    "records_ahead2_p6": _launch(piece_records=True, piece_ahead=2, piece_programs_per_sm=6),
     # Records free registers (ptxas sm_90, D=128 fp32 rowwise: 40 against 60): more resident
-    # programs; 8 gathers a step in flight a lane.
+    # programs; 8 gathers a step in flight a lane (H200 at c56e317: slower but at D=512).
     "records_p20": _launch(piece_records=True, piece_programs_per_sm=20),
     "records_p24": _launch(piece_records=True, piece_programs_per_sm=24),
     "unroll8": _launch(piece_unroll=8),

@@ -146,11 +146,6 @@ class RunsLaunch:
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:
     a count and a scatter by (class, gradient row)), so that pieces running together read
     neighbouring gradient rows and L2 serves most of the gather; no sum depends on the order."""
-    piece_ahead: int = 0
-    """``pieces``: how many rounds ahead a pieces program loads its pieces' operands (0, 1
-    or 2; ``_pieces_kernel``'s AHEAD): 2 leaves a round of short pieces one round trip to
-    memory instead of three or four, but takes ~146 registers a thread against ~64 at 0
-    (ptxas sm_90, D=128 fp32): a third of the resident programs."""
     graph_max_ids: int = 1 << 20
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel
@@ -174,8 +169,6 @@ class RunsLaunch:
         for name in ("chunk_warps", "loop_warps", "max_loop_warps", "piece_warps", "tree_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
-        if self.piece_ahead not in (0, 1, 2):
-            raise ValueError(f"RunsLaunch.piece_ahead must be 0, 1 or 2, got {self.piece_ahead}")
         if self.piece_order and not self.piece_records:
             raise ValueError("RunsLaunch.piece_order needs piece_records=True (it orders the per-piece records)")
         if self.graph_max_ids < 0:

@@ -171,8 +171,7 @@ def _piece_operands(
     piece_stop_ptr, i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr, RECORDS: tl.constexpr,
     STOPS: tl.constexpr,
 ):  # fmt: skip
-    """What pieces ``i`` need before their gathers, packed (a kernel may hold two sets
-    across a round): (first position, length (0 past ``last``), flags (1: the piece is its
+    """What pieces ``i`` need before their gathers, packed: (first position, length (0 past ``last``), flags (1: the piece is its
     run's head, 2: the whole run), row, D, where the row starts in the weights, the first
     id's gradient row and factor). RECORDS: one round of contiguous loads (the marks
     kernel's records); otherwise two (the piece list, then the ids and their neighbours).
@@ -228,59 +227,35 @@ def _pieces_kernel(
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
-    AHEAD: tl.constexpr,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL a step, a step's
-    gathers issued together with the loads of the next step's gradient-row starts); a whole
-    run is updated, a piece of a multi run stores its sum as a partial of its cell.
-
-    AHEAD (0, 1 or 2): how many rounds ahead a program loads its pieces' operands (bounds,
-    row, D, first gradient rows, and the gradient-row starts of their first step). 0: all
-    at the round's start, three or four dependent round trips to memory before the row's
-    update (the piece list, the piece's ids, their gradient rows; the next step's). 1: the
-    next round's pieces loaded while this round's gathers are in flight, their first step
-    then (waiting on them here). 2: the next round's first step and the round after's
-    pieces: a round of short pieces waits on one round trip (its gathers and row loads)."""
+    gathers issued together with the loads of the next step's gradient-row starts: one round
+    trip to memory a step, not two); a whole run is updated, a piece of a multi run stores
+    its sum as a partial of its cell. (Loading whole rounds of pieces ahead as well was
+    slower everywhere: its carried operands took 113-146 registers a thread against 60,
+    H200 at aabad7f, results/NOTES_2026-12-02.md part 6.)"""
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
     lane = tl.arange(0, RUNS)
     cols = tl.arange(0, BLOCK_D)
-    stride = tl.num_programs(0) * RUNS
-    begin = first + tl.program_id(0) * RUNS
     lists = (piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
              sorted_scale_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr,
              piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr)  # fmt: skip
-    if AHEAD > 0:
-        operands = _piece_operands(*lists, begin + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS)
-        ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, operands[0], operands[1], 1,
-                                         SCALED, UNROLL)  # fmt: skip
-    if AHEAD > 1:
-        upcoming = _piece_operands(*lists, begin + stride + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS)
-    for base in tl.range(begin, last, stride, num_stages=1):
-        if AHEAD == 0:
-            operands = _piece_operands(*lists, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS)
-        start, length, flags, row, dim, w_start, g_first, s_first = operands
+    for base in tl.range(first + tl.program_id(0) * RUNS, last, tl.num_programs(0) * RUNS, num_stages=1):
+        start, length, flags, row, dim, w_start, g_first, s_first = _piece_operands(
+            *lists, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS
+        )
         live = length > 0
         head = (flags & 1) != 0
         whole = live & ((flags & 2) != 0)
-        if AHEAD == 0:
-            ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, 1, SCALED, UNROLL)
-        if AHEAD > 1:  # the next round's first step: its pieces were loaded a round ago
-            next_g, next_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, upcoming[0], upcoming[1], 1,
-                                           SCALED, UNROLL)  # fmt: skip
+        ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, 1, SCALED, UNROLL)
         row_mask = live[:, None] & (cols[None, :] < dim[:, None])
         w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
         w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,
                                    OPTIMIZER)  # fmt: skip
         total = tl.zeros([RUNS, BLOCK_D], dtype=tl.float32)
         total += _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN)
-        if AHEAD > 0:  # a later round's pieces, while the gathers above are in flight
-            later = _piece_operands(*lists, base + AHEAD * stride + lane, last, num_indices, SCALED, ALIGN, RECORDS,
-                                    STOPS)  # fmt: skip
-        if AHEAD == 1:  # the next round's first step (waits on its pieces' loads just issued)
-            next_g, next_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, later[0], later[1], 1, SCALED,
-                                           UNROLL)  # fmt: skip
         # Ids 1.. of the pieces, UNROLL a step: the step's gathers issued together with the
         # loads of the next step's gradient-row starts, then summed in id order.
         for k0 in tl.range(1, tl.max(length, axis=0), UNROLL, num_stages=1):
@@ -300,13 +275,6 @@ def _pieces_kernel(
         tl.store(cell_sums_ptr + slot[:, None] * slot_stride + cols[None, :], total, mask=partial[:, None])
         if BARRIER:
             tl.debug_barrier()  # the next round's loads of row-wise state after this round's stores
-        if AHEAD == 1:
-            operands = later
-            ahead_g, ahead_s = next_g, next_s
-        if AHEAD == 2:
-            operands = upcoming
-            ahead_g, ahead_s = next_g, next_s
-            upcoming = later
 
 
 @triton.jit

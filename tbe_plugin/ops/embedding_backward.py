@@ -529,8 +529,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
             stride, N, step, hyper, *records, stops,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, AHEAD=launch.piece_ahead,
-            num_warps=sizes.piece_warps,
+            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, num_warps=sizes.piece_warps,
             **modes,
         )  # fmt: skip
         if N <= piece:

@@ -213,8 +213,7 @@ def pieces_variants():
                                   PIECE=launch.piece_ids)  # fmt: skip
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
-                                      BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
-                                      AHEAD=launch.piece_ahead)  # fmt: skip
+                                      BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
                     if (weights, optimizer) == PIECES_UPDATES[0]:  # the records and ordered candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
@@ -233,8 +232,7 @@ def pieces_variants():
     sizes = launch.for_block_d(128)
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
-                                      UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
-                                      AHEAD=launch.piece_ahead), \
+                                      UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 

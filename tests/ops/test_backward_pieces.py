@@ -19,16 +19,15 @@ PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, 
                     piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
 
 
-@pytest.mark.parametrize("records, order, ahead", [(False, False, 0), (True, False, 0), (True, True, 0),
-                                                   (False, False, 2), (True, False, 1)],
-                         ids=["plain", "records", "ordered", "plain-ahead2", "records-ahead1"])  # fmt: skip
-def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order, ahead):
+@pytest.mark.parametrize("records, order", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "records", "ordered"])  # fmt: skip
+def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order):
     """One row in most lookups (its run crosses many cells, groups and supergroups),
     the others' runs shorter, longer and exactly as long as a cell, starting anywhere;
-    with and without the per-piece records, visited by gradient row, and with the pieces'
-    operands loaded 0, 1 or 2 rounds ahead (4 looping programs: many rounds each)."""
+    with and without the per-piece records, and visited by gradient row (4 looping
+    programs: many rounds each, pieces longer than several steps of UNROLL ids)."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order, piece_ahead=ahead)
+    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
 
 
@@ -83,18 +82,15 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-@pytest.mark.parametrize("second", ["same", "records", "ordered", "ahead1", "ahead2"])
+@pytest.mark.parametrize("second", ["same", "records", "ordered"])
 def test_pieces_deterministic_with_inexact_sums(second):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
     bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
     records (``piece_records``: the same operands, read from the records), and one that
     visits the pieces in the order of their gradient rows (``piece_order``: an order the
-    atomics choose, on which no sum depends), and ones that load the pieces' operands 1 or
-    2 rounds ahead instead of at each round's start (the same sums in the same order)."""
+    atomics choose, on which no sum depends)."""
     results = []
-    second_launch = dataclasses.replace(PIECES, piece_records=second in ("records", "ordered"),
-                                        piece_order=second == "ordered",
-                                        piece_ahead={"ahead1": 1, "ahead2": 2}.get(second, PIECES.piece_ahead))  # fmt: skip
+    second_launch = dataclasses.replace(PIECES, piece_records=second != "same", piece_order=second == "ordered")
     for launch in (PIECES, second_launch):
         emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
         emb.backward_launch = launch

@@ -71,6 +71,10 @@ CANDIDATES = {
     "unroll8": _launch(piece_unroll=8),
     "records_unroll8": _launch(piece_records=True, piece_unroll=8),
     "records_unroll8_p20": _launch(piece_records=True, piece_unroll=8, piece_programs_per_sm=20),
+    # Graphs that read the output gradient in place (no copy into the graph's buffer), up to
+    # 2**20 ids and up to 2**22 (l1's 2.1M ids, wide-d512's 2.6M).
+    "graphs_in_place": _launch(graph_grad_in_place=True),
+    "graphs4m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 22),
 }
 
 

@@ -13,7 +13,10 @@ standard shape (B=512, 328k ids) took 0.27 ms of a backward whose host path took
   the same result, CPU tests);
 - the step's inputs (ids, offsets, per-sample weights, output gradient) are copied into
   static buffers and the hyperparameters into the device vector the kernels read
-  (``optimizers.HYPER_FIELDS``), then the graph is replayed on the current stream;
+  (``optimizers.HYPER_FIELDS``), then the graph is replayed on the current stream. With
+  ``RunsLaunch.graph_grad_in_place`` (pieces design, a 16-byte aligned gradient) the output
+  gradient is not copied: its address goes into a device cell that the kernels read it
+  through;
 - per key (bucket, batch size, dtypes, modes, the tables' storage), the first call runs
   the padded backward eagerly (it compiles every kernel variant the graph will use), the
   second captures the graph (capture runs nothing) and replays it; at most ``max_graphs``
@@ -67,6 +70,10 @@ class _Captured:
     """None: not captured yet; False: capture failed (eager from then on)."""
     psw_grad: Optional[torch.Tensor] = None
     """The graph's per-sample-weight gradient (its memory; copied out after each replay)."""
+    grad_cell: Optional[torch.Tensor] = None
+    """With ``RunsLaunch.graph_grad_in_place``: the int64 device cell holding the address of
+    the step's output gradient, which the graph's kernels read in place (``grad_output`` is
+    then unused)."""
 
 
 class BackwardGraphs:
@@ -108,19 +115,23 @@ class BackwardGraphs:
         n = indices.numel()
         bucket = padded_ids(n)
         grad_output = grad_output.contiguous()
+        settings = launch or runs_launch()
+        # In place: the kernels read the gradient at its address (16-byte aligned, as their
+        # vector loads need), for the pieces design; otherwise it is copied into the graph's buffer.
+        in_place = settings.graph_grad_in_place and settings.design == "pieces" and grad_output.data_ptr() % 16 == 0
         weighted = per_sample_weights is not None
         state = (weights, momentum1, momentum2, step, feature_meta)
         key = (
             bucket, offsets.numel(), tuple(grad_output.shape), grad_output.dtype, indices.dtype, offsets.dtype,
             per_sample_weights.dtype if weighted else None, psw_requires_grad, pooling, bounds_check,
             args.optimizer, args.weight_decay_mode, args.stochastic_rounding, max_dim, total_rows, align,
-            launch, tuple(classes) if classes is not None else None,
+            launch, tuple(classes) if classes is not None else None, in_place,
             tuple((t.data_ptr(), t.dtype, tuple(t.shape)) if t is not None else None for t in state),
         )  # fmt: skip
         entry = self._entries.get(key)
         first_call = entry is None
         if first_call:
-            entry = self._new_entry(bucket, offsets, grad_output, indices.dtype, per_sample_weights)
+            entry = self._new_entry(bucket, offsets, grad_output, indices.dtype, per_sample_weights, in_place)
             self._entries[key] = entry
             while len(self._entries) > self.max_graphs:
                 self._entries.popitem(last=False)
@@ -129,10 +140,12 @@ class BackwardGraphs:
         graph_args = dataclasses.replace(args, hyper=entry.hyper)
 
         def run() -> Optional[torch.Tensor]:
+            # In place, this step's gradient stands for every step's: the kernels take only its
+            # shape, strides and type from it and read the gradient at the cell's address.
             return backward_update(
-                entry.grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows, align,
-                entry.indices, entry.offsets, entry.per_sample_weights, psw_requires_grad, pooling, bounds_check,
-                graph_args, launch, classes,
+                grad_output if in_place else entry.grad_output, weights, momentum1, momentum2, step, feature_meta,
+                max_dim, total_rows, align, entry.indices, entry.offsets, entry.per_sample_weights, psw_requires_grad,
+                pooling, bounds_check, graph_args, launch, classes, entry.grad_cell,
             )  # fmt: skip
 
         if first_call or not self.capture or entry.graph is False:
@@ -168,15 +181,17 @@ class BackwardGraphs:
 
     @staticmethod
     def _new_entry(bucket: int, offsets: torch.Tensor, grad_output: torch.Tensor, index_dtype: torch.dtype,
-                   per_sample_weights: Optional[torch.Tensor]) -> _Captured:  # fmt: skip
+                   per_sample_weights: Optional[torch.Tensor], in_place: bool = False) -> _Captured:  # fmt: skip
         device = grad_output.device
         psw = None
         if per_sample_weights is not None:
             psw = torch.zeros(bucket, dtype=per_sample_weights.dtype, device=device)
         return _Captured(
             indices=torch.zeros(bucket, dtype=index_dtype, device=device),
-            offsets=torch.empty_like(offsets), per_sample_weights=psw, grad_output=torch.empty_like(grad_output),
+            offsets=torch.empty_like(offsets), per_sample_weights=psw,
+            grad_output=grad_output.new_empty(0) if in_place else torch.empty_like(grad_output),
             hyper=torch.empty(6, dtype=torch.float64, device=device),
+            grad_cell=torch.zeros(1, dtype=torch.int64, device=device) if in_place else None,
         )  # fmt: skip
 
     @staticmethod
@@ -190,7 +205,10 @@ class BackwardGraphs:
         torch.clamp(offsets, 0, n, out=entry.offsets)
         if per_sample_weights is not None:
             entry.per_sample_weights[:n].copy_(per_sample_weights)
-        entry.grad_output.copy_(grad_output)
+        if entry.grad_cell is not None:
+            entry.grad_cell.fill_(grad_output.data_ptr())  # a fill kernel on the stream: no copy, no sync
+        else:
+            entry.grad_output.copy_(grad_output)
         hyper_tensor(args, grad_output.device, out=entry.hyper)
 
 

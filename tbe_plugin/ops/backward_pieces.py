@@ -37,7 +37,7 @@ Lives in ``tbe_plugin.ops``: imports Triton only.
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.backward_runs import _gather_gradients, _unit_sums, _update_row_state_and_weights
+from tbe_plugin.ops.backward_runs import _gather_gradients, _unit_sums, _update_row_state_and_weights, grad_cell
 from tbe_plugin.ops.optimizers import load_row_state
 
 
@@ -223,10 +223,11 @@ def _pieces_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, piece_starts_ptr, class_piece_pos_ptr, cell_sums_ptr, head_slots,
     klass, slot_stride, num_indices, step_ptr, hyper_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr,
-    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr,
+    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr, grad_cell_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
+    GRAD_CELL: tl.constexpr,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL a step, a step's
@@ -234,7 +235,9 @@ def _pieces_kernel(
     trip to memory a step, not two); a whole run is updated, a piece of a multi run stores
     its sum as a partial of its cell. (Loading whole rounds of pieces ahead as well was
     slower everywhere: its carried operands took 113-146 registers a thread against 60,
-    H200 at aabad7f, results/NOTES_2026-12-02.md part 6.)"""
+    H200 at aabad7f, results/NOTES_2026-12-02.md part 6.) GRAD_CELL: the output gradient
+    is read at the address in ``grad_cell_ptr`` (``grad_cell``), ``grad_ptr`` giving its type."""
+    grad_ptr = grad_cell(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
     lane = tl.arange(0, RUNS)

@@ -37,6 +37,17 @@ from tbe_plugin.ops.optimizers import apply_update, load_row_state
 
 
 @triton.jit
+def grad_cell(grad_ptr, grad_cell_ptr, GRAD_CELL: tl.constexpr):
+    """The output gradient's pointer: ``grad_ptr``, or with GRAD_CELL the address held in
+    ``grad_cell_ptr[0]`` as a pointer of ``grad_ptr``'s type (a captured graph reads each
+    step's gradient where it lies; the caller checks its 16-byte alignment, which the vector
+    loads of its rows need)."""
+    if GRAD_CELL:
+        grad_ptr = tl.multiple_of(tl.load(grad_cell_ptr).to(grad_ptr.dtype), 16)
+    return grad_ptr
+
+
+@triton.jit
 def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr):
     """Output-gradient rows starting at ``start`` [len(start), BLOCK_D] in fp32, times
     ``scale`` (row starts are multiples of ALIGN: written so, Triton reads them with

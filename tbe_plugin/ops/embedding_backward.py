@@ -49,6 +49,7 @@ from tbe_plugin.ops.backward_pieces import (
     _pieces_kernel,
 )
 from tbe_plugin.ops.backward_runs import (
+    grad_cell,
     _chunk_kernel,
     _group_kernel,
     _listed_chunks_kernel,
@@ -176,9 +177,11 @@ def _sorted_operands_kernel(
 @triton.jit
 def _psw_grad_kernel(
     grad_ptr, grad_stride, weights_ptr, feature_meta_ptr, rows_ptr, bag_ptr, offsets_ptr,
-    out_ptr, B, num_indices, sentinel, MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    out_ptr, B, num_indices, sentinel, grad_cell_ptr,
+    MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, GRAD_CELL: tl.constexpr,
 ):  # fmt: skip
     """d loss / d per_sample_weight[p] = <grad of p's bag, p's weight row> (/ L for MEAN)."""
+    grad_ptr = grad_cell(grad_ptr, grad_cell_ptr, GRAD_CELL)
     p = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row = tl.load(rows_ptr + p, mask=p < num_indices, other=sentinel)
     valid = row != sentinel
@@ -267,6 +270,7 @@ def backward_update(
     args: OptimizerArgs,
     launch: Optional[RunsLaunch] = None,
     classes: Optional[Sequence[int]] = None,
+    grad_cell: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
     """Applies one optimizer step to every row the batch touched; returns the gradient
     of ``per_sample_weights`` when asked (computed from the weights before the step).
@@ -277,7 +281,10 @@ def backward_update(
     exactly like the flat weights, row-wise state one value per global row. ``launch``:
     the per-run kernels' sizes (``runs_launch()`` when None). ``classes``: (BLOCK_D, first
     global row) of each class of tables, flat, classes in row order (one class of the
-    widest tile when None: then rows may be numbered in any order)."""
+    widest tile when None: then rows may be numbered in any order). ``grad_cell``: an int64
+    device tensor whose first element is the address the kernels read the output gradient
+    at (a captured graph's, ``backward_graphs``; ``grad_output`` then gives its shape, strides
+    and type only), pieces design only."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
@@ -289,6 +296,10 @@ def backward_update(
         return psw_grad
     total_bags = num_features * B
     grad_output = grad_output.contiguous()
+    launch = launch or runs_launch()
+    if grad_cell is not None and launch.design != "pieces":
+        raise ValueError(f"backward_update: grad_cell is for the pieces design, not {launch.design!r}")
+    cell = grad_cell if grad_cell is not None else grad_output  # a pointer argument never read without it
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
     sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
     mean = pooling == Pooling.MEAN
@@ -309,7 +320,8 @@ def backward_update(
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
         _psw_grad_kernel[(cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
             grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
-            psw_grad, B, N, sentinel, MEAN=mean, BLOCK_D=min(block_d, 128), **PSW_CONFIG,
+            psw_grad, B, N, sentinel, cell, MEAN=mean, BLOCK_D=min(block_d, 128), GRAD_CELL=grad_cell is not None,
+            **PSW_CONFIG,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
@@ -326,7 +338,7 @@ def backward_update(
     _launch_runs(
         grad_output, (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale), weights,
         momentum1, momentum2, step, args, scaled, align, total_rows, classes or (block_d_of(max_dim), 0),
-        launch or runs_launch(), pooling != Pooling.NONE,
+        launch, pooling != Pooling.NONE, grad_cell,
     )  # fmt: skip
     return psw_grad
 
@@ -371,7 +383,7 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
 
 
 def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-                 classes, launch, pooled) -> None:  # fmt: skip
+                 classes, launch, pooled, grad_cell=None) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
     long runs' segment and group sums and the long runs themselves."""
     sorted_rows = sorted_operands[0]
@@ -385,7 +397,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     if launch.design == "pieces":
         class_rows = [b - a for a, b in zip(classes[1::2], [*classes[3::2], total_rows])]
         _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align,
-                       class_pos, per_class, class_rows, launch, pooled)  # fmt: skip
+                       class_pos, per_class, class_rows, launch, pooled, grad_cell)  # fmt: skip
         return
     segment, fan_in = launch.segment_ids, launch.fan_in
     long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)
@@ -481,7 +493,7 @@ def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, rec
 
 
 def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
-                   per_class, class_rows, launch, pooled) -> None:  # fmt: skip
+                   per_class, class_rows, launch, pooled, grad_cell=None) -> None:  # fmt: skip
     """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
     classes at once; then per class its pieces, the group sums of its multi runs' cells
     (two levels, where the batch has ids enough) and its multi runs. No host sync: the
@@ -527,9 +539,10 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
             grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, hyper, *records, stops,
+            stride, N, step, hyper, *records, stops, grad_cell if grad_cell is not None else grad_output,
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, num_warps=sizes.piece_warps,
+            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, GRAD_CELL=grad_cell is not None,
+            num_warps=sizes.piece_warps,
             **modes,
         )  # fmt: skip
         if N <= piece:

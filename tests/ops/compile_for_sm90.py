@@ -189,8 +189,9 @@ def variants():
     yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
         backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
     psw = dict(backward.PSW_CONFIG)
-    yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128), \
-        psw["num_warps"], "*fp32", "*i32"  # fmt: skip
+    for cell in (False, True):
+        yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128, GRAD_CELL=cell), \
+            psw["num_warps"], "*fp32", "*i32"  # fmt: skip
 
 
 # The pieces design's launch values in profile_backward's candidates (piece_ids, piece_elements).
@@ -213,11 +214,13 @@ def pieces_variants():
                                   PIECE=launch.piece_ids)  # fmt: skip
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
-                                      BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False)  # fmt: skip
+                                      BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
+                                      GRAD_CELL=False)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
-                    if (weights, optimizer) == PIECES_UPDATES[0]:  # the records and ordered candidates
+                    if (weights, optimizer) == PIECES_UPDATES[0]:  # the records, ordered and in-place candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
+                        yield kernel, dict(constexprs, GRAD_CELL=True), sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
@@ -232,7 +235,8 @@ def pieces_variants():
     sizes = launch.for_block_d(128)
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
-                                      UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False), \
+                                      UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
+                                      GRAD_CELL=False), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 

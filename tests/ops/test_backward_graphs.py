@@ -15,6 +15,7 @@ from tests.helpers import assert_bitwise_equal, make_bags
 SPECS = [(23, 8), (9, 20), (30, 4)]
 FTM = [0, 1, 2, 0]
 GRAPHED = RunsLaunch(graph_max_ids=1 << 20)
+IN_PLACE = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True)
 EAGER = RunsLaunch(graph_max_ids=0)
 
 
@@ -37,12 +38,13 @@ def build(optimizer, dtype="FP32", pooling="SUM", specs=SPECS, **kwargs):
     return emb
 
 
-def train_pair(optimizer, dtype="FP32", pooling="SUM", weighted=False, steps=3, specs=SPECS, **kwargs):
-    """Two modules from the same weights, one plain, one through the padded path, on the
-    same batches of different sizes, the learning rate changed between steps; returns both
-    and the per-sample-weight gradients of each step."""
+def train_pair(optimizer, dtype="FP32", pooling="SUM", weighted=False, steps=3, specs=SPECS, launch=GRAPHED,
+               **kwargs):  # fmt: skip
+    """Two modules from the same weights, one plain, one through the padded path (under
+    ``launch``), on the same batches of different sizes, the learning rate changed between
+    steps; returns both and the per-sample-weight gradients of each step."""
     plain, padded = (build(optimizer, dtype, pooling, specs, **kwargs) for _ in range(2))
-    padded.backward_launch = GRAPHED
+    padded.backward_launch = launch
     padded.backward_graphs = BackwardGraphs(capture=False)
     rows = [specs[t][0] for t in FTM]
     psw_grads = []
@@ -96,6 +98,55 @@ def test_when_the_padded_path_applies():
         BackwardGraphs(max_graphs=0)
 
 
+@pytest.mark.parametrize("optimizer, pooling, weighted", [("EXACT_ROWWISE_ADAGRAD", "SUM", False),
+                                                       ("PARTIAL_ROWWISE_ADAM", "MEAN", True)])  # fmt: skip
+def test_gradient_read_in_place_changes_nothing(optimizer, pooling, weighted):
+    """``graph_grad_in_place``: the padded path's kernels read each step's output gradient
+    through the address cell (a new gradient tensor every step) instead of a copy: bitwise
+    the plain step, per-sample-weight gradients included."""
+    plain, padded, psw_grads = train_pair(optimizer, "FP32", pooling, weighted, launch=IN_PLACE)
+    assert_bitwise_equal(plain, padded)
+    for a, b in psw_grads:
+        assert (a is None and b is None) or torch.equal(a, b)
+    entries = list(padded.backward_graphs._entries.values())
+    assert entries and all(e.grad_cell is not None and e.grad_output.numel() == 0 for e in entries)
+
+
+def test_kernels_read_the_gradient_at_the_cells_address(monkeypatch):
+    """With a cell, the kernels read the gradient at the cell's address, not the tensor
+    passed (which gives only shape, strides and type): zeros passed and the real gradient's
+    address in the cell train as the real gradient passed does, per-sample-weight gradient
+    included; the chunk design refuses a cell."""
+    from tbe_plugin.ops import training
+    from tbe_plugin.ops.embedding_backward import backward_update
+
+    def through_cell(grad_output, *args):
+        cell = torch.tensor([grad_output.data_ptr()], dtype=torch.int64)
+        return backward_update(torch.zeros_like(grad_output), *args, grad_cell=cell)
+
+    rows = [SPECS[t][0] for t in FTM]
+    indices, offsets = make_bags(rows, B=5, max_len=6, seed=4, hot_fraction=0.5)
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(4))
+    modules, psw_grads = [], []
+    for patched in (False, True):
+        emb = build("EXACT_ROWWISE_ADAGRAD")
+        emb.backward_launch = EAGER
+        if patched:
+            monkeypatch.setattr(training, "backward_update", through_cell)
+        weights = psw.clone().requires_grad_()
+        out = emb(indices, offsets, weights)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(4)))
+        modules.append(emb)
+        psw_grads.append(weights.grad)
+    assert_bitwise_equal(*modules)
+    assert torch.equal(*psw_grads)
+    assert not torch.equal(modules[0].weights, build("EXACT_ROWWISE_ADAGRAD").weights)
+    emb = build("EXACT_ROWWISE_ADAGRAD")
+    emb.backward_launch = RunsLaunch(design="chunks", graph_max_ids=0)
+    with pytest.raises(ValueError, match="grad_cell is for the pieces design"):
+        emb(indices, offsets).sum().backward()
+
+
 def test_least_recently_used_buckets_are_dropped():
     emb = build("EXACT_SGD")
     emb.backward_launch = GRAPHED
@@ -110,13 +161,15 @@ def test_least_recently_used_buckets_are_dropped():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("optimizer, dtype, weighted", [("EXACT_ROWWISE_ADAGRAD", "FP32", False),
-                                                        ("ADAM", "FP16", True)])  # fmt: skip
-def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted):
+@pytest.mark.parametrize("optimizer, dtype, weighted, in_place", [("EXACT_ROWWISE_ADAGRAD", "FP32", False, False),
+                                                                  ("ADAM", "FP16", True, False),
+                                                                  ("EXACT_ROWWISE_ADAGRAD", "FP32", True, True)])  # fmt: skip
+def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted, in_place):
     """On the device: batches of B=512 (Zipf ids, two sizes sharing a bucket and one of
     another) through captured graphs give bitwise the eager step's tables, states and
     per-sample-weight gradients, with the learning rate changed every step (read by the
-    graph from the device vector) and fp16 stochastic rounding (its seed likewise)."""
+    graph from the device vector) and fp16 stochastic rounding (its seed likewise); also
+    with the graphs reading each step's output gradient (a new tensor every step) in place."""
     rows, dims = [100_000, 50_000, 20_000], [128, 64, 32]
     modules = []
     for graphed in (False, True):
@@ -124,7 +177,7 @@ def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted):
                                               stochastic_rounding=dtype == "FP16", learning_rate=0.01, device="cuda")
         with torch.no_grad():
             emb.weights.copy_(torch.rand(emb.weights.shape, generator=torch.Generator().manual_seed(0)).cuda() - 0.5)
-        emb.backward_launch = GRAPHED if graphed else EAGER
+        emb.backward_launch = (IN_PLACE if in_place else GRAPHED) if graphed else EAGER
         modules.append(emb)
     generator = torch.Generator().manual_seed(1)
     for step, L in enumerate((20, 21, 20, 9, 20)):

@@ -171,11 +171,12 @@ def _piece_operands(
     piece_stop_ptr, i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr, RECORDS: tl.constexpr,
     STOPS: tl.constexpr,
 ):  # fmt: skip
-    """What pieces ``i`` need before their gathers, packed: (first position, length (0 past ``last``), flags (1: the piece is its
-    run's head, 2: the whole run), row, D, where the row starts in the weights, the first
-    id's gradient row and factor). RECORDS: one round of contiguous loads (the marks
-    kernel's records); otherwise two (the piece list, then the ids and their neighbours).
-    STOPS: each piece's stop from ``piece_stop`` (the ordered list), not the next start."""
+    """What pieces ``i`` need before their gathers, packed: (first position, length (0 past
+    ``last``), flags (1: the piece is its run's head, 2: the whole run), row, D, where the
+    row starts in the weights, the first id's gradient row and factor). RECORDS: one round
+    of contiguous loads (the marks kernel's records); otherwise two (the piece list, then
+    the ids and their neighbours). STOPS: each piece's stop from ``piece_stop`` (the ordered
+    list), not the next start."""
     live = i < last
     start = tl.load(piece_starts_ptr + i, mask=live, other=0)
     if STOPS:

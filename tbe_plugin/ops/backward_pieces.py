@@ -37,7 +37,7 @@ Lives in ``tbe_plugin.ops``: imports Triton only.
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.backward_runs import _gather_gradients, _unit_sums, _update_row_state_and_weights, grad_cell
+from tbe_plugin.ops.backward_runs import _gather_gradients, _grad_pointer, _unit_sums, _update_row_state_and_weights
 from tbe_plugin.ops.optimizers import load_row_state
 
 
@@ -237,8 +237,8 @@ def _pieces_kernel(
     its sum as a partial of its cell. (Loading whole rounds of pieces ahead as well was
     slower everywhere: its carried operands took 113-146 registers a thread against 60,
     H200 at aabad7f, results/NOTES_2026-12-02.md part 6.) GRAD_CELL: the output gradient
-    is read at the address in ``grad_cell_ptr`` (``grad_cell``), ``grad_ptr`` giving its type."""
-    grad_ptr = grad_cell(grad_ptr, grad_cell_ptr, GRAD_CELL)
+    is read at the address in ``grad_cell_ptr`` (``_grad_pointer``), ``grad_ptr`` giving its type."""
+    grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
     lane = tl.arange(0, RUNS)

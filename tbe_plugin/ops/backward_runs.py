@@ -37,7 +37,7 @@ from tbe_plugin.ops.optimizers import apply_update, load_row_state
 
 
 @triton.jit
-def grad_cell(grad_ptr, grad_cell_ptr, GRAD_CELL: tl.constexpr):
+def _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL: tl.constexpr):
     """The output gradient's pointer: ``grad_ptr``, or with GRAD_CELL the address held in
     ``grad_cell_ptr[0]`` as a pointer of ``grad_ptr``'s type (a captured graph reads each
     step's gradient where it lies; the caller checks its 16-byte alignment, which the vector

@@ -49,8 +49,8 @@ from tbe_plugin.ops.backward_pieces import (
     _pieces_kernel,
 )
 from tbe_plugin.ops.backward_runs import (
-    grad_cell,
     _chunk_kernel,
+    _grad_pointer,
     _group_kernel,
     _listed_chunks_kernel,
     _long_run_kernel,
@@ -181,7 +181,7 @@ def _psw_grad_kernel(
     MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, GRAD_CELL: tl.constexpr,
 ):  # fmt: skip
     """d loss / d per_sample_weight[p] = <grad of p's bag, p's weight row> (/ L for MEAN)."""
-    grad_ptr = grad_cell(grad_ptr, grad_cell_ptr, GRAD_CELL)
+    grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     p = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row = tl.load(rows_ptr + p, mask=p < num_indices, other=sentinel)
     valid = row != sentinel
@@ -216,6 +216,13 @@ INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
 _MULTIPROCESSORS: dict = {}
+
+
+def _cell_argument(grad_cell: Optional[torch.Tensor], grad_output: torch.Tensor) -> torch.Tensor:
+    """The ``grad_cell_ptr`` argument of the kernels that read the output gradient (their
+    GRAD_CELL is ``grad_cell is not None``): the cell when there is one, else the gradient
+    itself, a pointer then never read."""
+    return grad_cell if grad_cell is not None else grad_output
 
 
 def hyper_tensor(args: OptimizerArgs, device: torch.device, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -299,7 +306,6 @@ def backward_update(
     launch = launch or runs_launch()
     if grad_cell is not None and launch.design != "pieces":
         raise ValueError(f"backward_update: grad_cell is for the pieces design, not {launch.design!r}")
-    cell = grad_cell if grad_cell is not None else grad_output  # a pointer argument never read without it
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
     sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
     mean = pooling == Pooling.MEAN
@@ -320,8 +326,8 @@ def backward_update(
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
         _psw_grad_kernel[(cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
             grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
-            psw_grad, B, N, sentinel, cell, MEAN=mean, BLOCK_D=min(block_d, 128), GRAD_CELL=grad_cell is not None,
-            **PSW_CONFIG,
+            psw_grad, B, N, sentinel, _cell_argument(grad_cell, grad_output), MEAN=mean, BLOCK_D=min(block_d, 128),
+            GRAD_CELL=grad_cell is not None, **PSW_CONFIG,
         )  # fmt: skip
     sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
@@ -539,7 +545,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
             grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, hyper, *records, stops, grad_cell if grad_cell is not None else grad_output,
+            stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
             BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, GRAD_CELL=grad_cell is not None,
             num_warps=sizes.piece_warps,

@@ -33,6 +33,12 @@ from tbe_plugin.ops.indexing import (
 )
 
 @triton.jit
+def _mean_factors(length):
+    """MEAN's factor per bag: 1/L, 0 for an empty bag."""
+    return tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
+
+
+@triton.jit
 def _pooled_forward_kernel(
     weights_ptr,
     feature_meta_ptr,
@@ -91,7 +97,7 @@ def _pooled_forward_kernel(
         # backward's factor): scaling the sums at the end held the lengths in a second
         # layout, reloaded the offsets and spilled (ptxas sm_90, the L~20 tile: fp16 0 ->
         # 128 bytes a thread, fp32 112 -> 392); with one id a step, the end spills less.
-        inv = tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
+        inv = _mean_factors(length)
 
     cols = d_start + tl.arange(0, BLOCK_D)
     col_mask = cols < dim
@@ -131,7 +137,7 @@ def _pooled_forward_kernel(
             vals = vals * inv[None, :, None]
         acc += tl.sum(vals, axis=0)
     if MEAN and BLOCK_L == 1:
-        acc = acc * tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)[:, None]
+        acc = acc * _mean_factors(length)[:, None]
     # The row stride (the sum of the D) is a multiple of ALIGN too: vector stores.
     out_ptrs = out_ptr + b[:, None].to(tl.int64) * (out_stride // ALIGN * ALIGN) + out_col + cols[None, :]
     tl.store(

@@ -75,6 +75,10 @@ CANDIDATES = {
     # 2**20 ids and up to 2**22 (l1's 2.1M ids, wide-d512's 2.6M).
     "graphs_in_place": _launch(graph_grad_in_place=True),
     "graphs4m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 22),
+    # ... up to 2**24 (uniform b8192's 5.2M ids, l100's 26M stay eager) and 2**26 (every
+    # suite config, b65536's 41.9M ids included): no host path left but the graph's fill.
+    "graphs16m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 24),
+    "graphs64m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 26),
 }
 
 

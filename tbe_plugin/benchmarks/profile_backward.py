@@ -74,6 +74,10 @@ CANDIDATES = {
     # Graphs that read the output gradient in place (no copy into the graph's buffer), up to
     # 2**20 ids and up to 2**22 (l1's 2.1M ids, wide-d512's 2.6M).
     "graphs_in_place": _launch(graph_grad_in_place=True),
+    # The output gradient copied into the graph's buffer (the default until ccbc90c), up to
+    # 2**20 and 2**22 ids: is the graphed pieces kernel's slowdown the cell's or the graph's?
+    "graphs_copy": _launch(graph_grad_in_place=False),
+    "graphs4m_copy": _launch(graph_grad_in_place=False, graph_max_ids=1 << 22),
     "graphs4m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 22),
     # ... up to 2**24 (uniform b8192's 5.2M ids, l100's 26M stay eager) and 2**26 (every
     # suite config, b65536's 41.9M ids included): no host path left but the graph's fill.

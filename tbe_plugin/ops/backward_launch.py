@@ -154,11 +154,14 @@ class RunsLaunch:
     batch slower. 2**22 was tried at 11be7c3 (suite): l1 (2.1M ids, a 1.07 GB output
     gradient the graph copies into its buffer) 1.98 ms against 1.50 eager at beeb038, and
     wide-d512-fp16 2.29 against 2.30 eager (c56e317): back to 2**20."""
-    graph_grad_in_place: bool = False
+    graph_grad_in_place: bool = True
     """``pieces`` with graphs: a graph's kernels read the step's output gradient where it lies,
     through a device cell holding its address (``backward_graphs``), instead of a copy into
-    the graph's buffer (the copy made l1's 2.1M ids slower graphed than eager: 1.07 GB,
-    11be7c3). Off until timed on the device."""
+    the graph's buffer. H200 at ccbc90c (profile_backward): user-id's backward 0.261 ->
+    0.183 device ms (its 134 MB copy gone), the pieces kernel unchanged. Graphing larger
+    batches in place did not pay there: the pieces kernel ran 2-9% slower graphed than
+    eager (l1, no padding: 1.15 -> 1.25 ms; b8192 2.41 -> 2.57, ctr-mix 2.73 -> 2.90;
+    the same SASS but for the cell's load), so graph_max_ids stays 2**20."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

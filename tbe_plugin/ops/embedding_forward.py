@@ -216,8 +216,24 @@ def _unpooled_forward_kernel(
         )
 
 
-def pooled_tile(dim: int) -> int:
-    """The pooled kernel's column block for rows of ``dim``: a power of two, 16 to 128."""
+WIDE_TILE = 512  # the column block of wide 2-byte rows (``wide_rows``)
+
+
+def wide_rows(avg_len: float, elem_size: int) -> bool:
+    """Whether rows of 512 columns and more are read whole (a 512-column block, ``WIDE_TILE``)
+    rather than in 128-column blocks: 2-byte rows in bags of 7-48 ids, the shape swept. H200
+    at 8ab989e (``tune_forward``, the suite's wide-d512-fp16: D=512 fp16, Poisson(20) bags,
+    Zipf 1.05): 128-column blocks (16, 2, 128) 0.762 ms, whole rows (2, 4, 512) with PREFETCH
+    0.447 (FBGEMM 0.740): four programs a bag each reloaded the bag's ids and offsets and
+    read a quarter row (256 bytes) an id."""
+    return elem_size == 2 and 6 < avg_len <= 48
+
+
+def pooled_tile(dim: int, wide: bool = False) -> int:
+    """The pooled kernel's column block for rows of ``dim``: a power of two, 16 to 128, or
+    ``WIDE_TILE`` for rows of 512 columns and more when ``wide`` (``wide_rows``)."""
+    if wide and next_power_of_2(dim) >= WIDE_TILE:
+        return WIDE_TILE
     return max(16, min(next_power_of_2(dim), 128))
 
 
@@ -234,9 +250,12 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     1.442 (``tune_forward`` on Poisson bags); the shorter and longer classes were not
     swept with it and keep three stages. Not for bf16 rows: with PREFETCH the kernel spills
     104 bytes a thread there (fp16: none; ptxas, sm_90) and the suite's bf16 forward went
-    from 0.497 to 0.684 ms (f39d6dc), so bf16 keeps the three-stage tile.
+    from 0.497 to 0.684 ms (f39d6dc), so bf16 keeps the three-stage tile. Wide 2-byte rows
+    (``wide_rows``) read whole: 8 ids of 2 bags a step, ids a step ahead.
     """
-    block_d = pooled_tile(max_dim)
+    block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
+    if block_d >= WIDE_TILE:
+        return 2, 4, block_d, 1, 1, 1
     if avg_len <= 1.5:
         return 16, 1, block_d, 1, 3, 0
     if avg_len <= 3:
@@ -341,19 +360,19 @@ def _work_items(dims: Sequence[int], block_d: int, device: torch.device,
     return items
 
 
-def pooled_tile_classes(dims: Sequence[int]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
-    """Features grouped by the column tile their rows need (power of two, 16 to 128):
-    [(tile, features)], smallest tile first. A launch per group, so that a table of D=16
-    does not run in a 128-column tile beside a table of D=128 (mixed D). Cached per dims
-    (the launcher asks every step)."""
-    return _tile_classes(tuple(dims))
+def pooled_tile_classes(dims: Sequence[int], wide: bool = False) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
+    """Features grouped by the column tile their rows need (``pooled_tile``: a power of two,
+    16 to 128, or 512 for wide rows when ``wide``): [(tile, features)], smallest tile first.
+    A launch per group, so that a table of D=16 does not run in a 128-column tile beside a
+    table of D=128 (mixed D). Cached per dims (the launcher asks every step)."""
+    return _tile_classes(tuple(dims), wide)
 
 
 @functools.lru_cache(maxsize=256)
-def _tile_classes(dims: Tuple[int, ...]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
+def _tile_classes(dims: Tuple[int, ...], wide: bool) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
     groups: Dict[int, List[int]] = {}
     for f, d in enumerate(dims):
-        groups.setdefault(pooled_tile(d), []).append(f)
+        groups.setdefault(pooled_tile(d, wide), []).append(f)
     return tuple((tile, tuple(features)) for tile, features in sorted(groups.items()))
 
 
@@ -395,7 +414,7 @@ def launch_forward(
     else:
         num_bags = shape[0] * len(dims)
         avg_len = indices.numel() / max(num_bags, 1)
-        classes = pooled_tile_classes(dims)
+        classes = pooled_tile_classes(dims, wide_rows(avg_len, elem))
         for tile, features in classes:
             config = pooled_launch_config(avg_len, tile, elem, weights.dtype == torch.bfloat16)
             # One class whose rows fit one column block: a program column per feature.

@@ -145,6 +145,14 @@ def variants():
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
                     BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
                 ), (warps, stages), weights, "*i32"  # fmt: skip
+        wide = forward.pooled_launch_config(20, 512, elem, weights == "*bf16")  # wide rows (2-byte rows only)
+        if wide[2] == forward.WIDE_TILE:
+            bags, block_l, block_d, warps, stages, prefetch = wide
+            for mean, weighted in ((False, False), (True, False), (True, True)):
+                yield forward._pooled_forward_kernel, dict(
+                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
+                    BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=True,
+                ), (warps, stages), weights, "*i32"  # fmt: skip
         if weights == "*bf16":
             continue
         # The sweep's candidates with the next step's ids loaded ahead (tune_forward's production_first).

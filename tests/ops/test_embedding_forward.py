@@ -175,6 +175,25 @@ def test_rows_wider_than_one_column_block(weights_dtype):
     assert_tbe_close(emb(indices, offsets), reference(emb, indices, offsets), 4)
 
 
+@pytest.mark.parametrize("weights_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_wide_two_byte_rows_read_whole(weights_dtype, pooling):
+    """2-byte rows of 512 columns and more, in bags of 7-48 ids, run in a class of their own
+    with a 512-column block (``wide_rows``): a table of D=600 (two blocks, the second
+    partial) and one of D=512 beside a narrow one; the reference's sums."""
+    from tbe_plugin.ops.embedding_forward import WIDE_TILE, pooled_launch_config, pooled_tile_classes, wide_rows
+
+    specs = [(11, 600), (7, 512), (5, 64)]
+    emb = build(weights_dtype, pooling=pooling, specs=specs, feature_table_map=[0, 1, 2, 1])
+    indices, offsets = make_bags(rows_of(emb), B=4, max_len=20, seed=3, hot_fraction=0.3)
+    avg_len = indices.numel() / (offsets.numel() - 1)
+    assert wide_rows(avg_len, 2) and not wide_rows(avg_len, 4) and not wide_rows(3.0, 2)
+    assert pooled_tile_classes(emb.feature_dims, True) == ((64, (2,)), (WIDE_TILE, (0, 1, 3)))
+    assert pooled_launch_config(avg_len, WIDE_TILE, 2)[2] == WIDE_TILE
+    assert pooled_tile_classes(emb.feature_dims) == ((64, (2,)), (128, (0, 1, 3)))  # fp32 rows, short bags
+    assert_tbe_close(emb(indices, offsets), reference(emb, indices, offsets), 20)
+
+
 @pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_every_launch_size_sums_the_bags(pooling, weighted):

@@ -7,9 +7,8 @@ piece (*whole*, fewer than 2 * PIECE ids); the others (*multi* runs, all longer 
 PIECE ids) have a head piece of at most PIECE ids and one piece of PIECE ids (the last
 one, up to PIECE) per grid point.
 
-- ``_count_marks`` (in ``embedding_backward._sorted_operands_kernel``, which visits every
-  sorted position anyway) counts the marks per block; ``_piece_marks_kernel`` writes them
-  at the running totals: the pieces' first positions (``piece_starts``, sorted, with the end of the valid ids as
+- ``_piece_marks_kernel`` (two passes: count per block, then write at the running totals):
+  the pieces' first positions (``piece_starts``, sorted, with the end of the valid ids as
   a last entry, so that piece i ends at ``piece_starts[i + 1]``) and the multi runs' heads
   (``multi_heads``). Rows of all classes at once: a class's first id is a head, so no
   piece crosses classes, and no position needs its class.
@@ -57,92 +56,72 @@ def _another_grid_point(sorted_rows_ptr, q, row, grid_point, end, PIECE: tl.cons
 
 
 @triton.jit
-def _marks(sorted_rows_ptr, q, row, prev, inside, at_end, limit, PIECE: tl.constexpr):
-    """The marks at positions q (rows ``row``, the rows before them ``prev``; ``inside``: q
-    holds a valid id; ``at_end``: q is the end of the valid ids; ``limit``: no valid id at
-    or after it, the end or any bound past it whose positions hold sentinels, which match
-    no row): (head, piece, multi). A piece starts at a head, at a grid point after its
-    run's head when the run holds another one (``_another_grid_point``), and at the end; a
-    multi run's head is a head whose row is still there at the second grid point after it."""
-    head = inside & (row != prev)
-    cut = _another_grid_point(sorted_rows_ptr, q, row, inside & ~head & (q % PIECE == 0), limit, PIECE)
-    piece = head | cut | at_end
-    second_grid = (q // PIECE + 2) * PIECE
-    crosses = head & (second_grid < limit)
-    multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
-    return head, piece, multi
-
-
-@triton.jit
-def _count_marks(sorted_rows_ptr, counts_ptr, q, row, sentinel, num_indices, PIECE: tl.constexpr):
-    """The count pass of the marks, for ``_sorted_operands_kernel``'s block of positions q
-    (rows ``row``, the sentinel past the valid ids and past ``num_indices``; its grid
-    covers position ``num_indices`` too, which may be the end): the block's pieces at
-    ``counts_ptr[block]``, its multi runs at ``counts_ptr[blocks + block]``. Returns the
-    heads (where a run's operands are needed)."""
-    inside = row != sentinel
-    prev = tl.load(sorted_rows_ptr + q - 1, mask=(q > 0) & (q <= num_indices), other=-2)
-    at_end = (q <= num_indices) & ~inside & (prev != sentinel)
-    head, piece, multi = _marks(sorted_rows_ptr, q, row, prev, inside, at_end, num_indices, PIECE)
-    block = tl.program_id(0)
-    tl.store(counts_ptr + block, tl.sum(piece.to(tl.int32), axis=0))
-    tl.store(counts_ptr + tl.num_programs(0) + block, tl.sum(multi.to(tl.int32), axis=0))
-    return head
-
-
-@triton.jit
 def _piece_marks_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
     class_multi_pos_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
     piece_scale_ptr,
-    PIECE: tl.constexpr, BLOCK: tl.constexpr, RECORDS: tl.constexpr, SCALED: tl.constexpr,
+    WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr, RECORDS: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
-    """The marks (``_marks``) per position q up to the end of the valid ids (``end``, the
-    last class's bound; sentinel ids lie after it), written at the running totals of the
-    count pass (``_count_marks``, in the sorted-operands kernel: ``counts_ptr`` holds the
-    inclusive sums over its one vector, a single 1-D scan, the multi runs' totals offset
-    by all the pieces); and, for each class bound c (the classes' first positions and
-    ``end``) in its block, the pieces and multi runs before c: where the class's pieces and
-    multi runs begin in the lists (``class_piece_pos``, ``class_multi_pos``). Nothing reads
-    the lists past ``end``'s piece, so they need no filling. RECORDS: beside each piece's
-    start, what the pieces kernel needs of it (row, head and whole flags, the row's start
-    in the weights, D, the first id's gradient row and factor), stored at the piece's
-    index: read there contiguously, one round of dependent loads before the gathers
-    instead of two."""
+    """Marks, per position q up to the end of the valid ids (``end``, the last class's
+    bound; sentinel ids lie after it): a piece starts at q when q is a head, a grid point
+    or ``end``; a multi run's head is a head whose row is still there at the next grid
+    point. WRITE False: each program counts its block's marks of both kinds (pieces at
+    ``counts_ptr[block]``, multi runs at ``counts_ptr[blocks + block]``); True: writes them
+    at the running totals (then the inclusive sums over that one vector: a single 1-D scan,
+    the multi runs' totals offset by all the pieces), and, for each class bound c (the
+    classes' first positions and ``end``) in its block, the pieces and multi runs before c:
+    where the class's pieces and multi runs begin in the lists (``class_piece_pos``,
+    ``class_multi_pos``). Nothing reads the lists past ``end``'s piece, so they need no
+    filling. RECORDS: beside each piece's start, what the pieces kernel needs of it (row,
+    head and whole flags, the row's start in the weights, D, the first id's gradient row
+    and factor), stored at the piece's index: read there contiguously, one round of
+    dependent loads before the gathers instead of two."""
     block = tl.program_id(0)
     q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     end = tl.load(class_pos_ptr + num_classes)
     inside = q < end
     row = tl.load(sorted_rows_ptr + q, mask=inside, other=-1)
     prev = tl.load(sorted_rows_ptr + q - 1, mask=inside & (q > 0), other=-2)
-    head, piece, multi = _marks(sorted_rows_ptr, q, row, prev, inside, q == end, end, PIECE)
+    head = inside & (row != prev)
+    # A grid point after its run's head is cut when the run holds another one after the
+    # head: the next (q + PIECE) or the previous (q - PIECE, itself after the head).
+    cut = _another_grid_point(sorted_rows_ptr, q, row, inside & ~head & (q % PIECE == 0), end, PIECE)
+    piece = head | cut | (q == end)
+    # A multi run's head: its run holds the second grid point after it.
+    second_grid = (q // PIECE + 2) * PIECE
+    crosses = head & (second_grid < end)
+    multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
     blocks = tl.num_programs(0)
-    piece_base = tl.load(counts_ptr + block - 1, mask=block > 0, other=0)
-    multi_base = tl.load(counts_ptr + blocks + block - 1) - tl.load(counts_ptr + blocks - 1)
-    piece_index = piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks
-    tl.store(piece_starts_ptr + piece_index, q, mask=piece)
-    if RECORDS:
-        real = piece & inside
-        flags = head.to(tl.int8) + 2 * (head & ~multi).to(tl.int8)  # 1: a run's head, 2: the whole run
-        tl.store(piece_row_ptr + piece_index, row, mask=real)
-        tl.store(piece_flags_ptr + piece_index, flags, mask=real)
-        tl.store(piece_w_start_ptr + piece_index, tl.load(sorted_w_start_ptr + q, mask=real, other=0), mask=real)
-        tl.store(piece_dim_ptr + piece_index, tl.load(sorted_dim_ptr + q, mask=real, other=0), mask=real)
-        tl.store(piece_grad_offset_ptr + piece_index, tl.load(sorted_grad_offset_ptr + q, mask=real, other=0),
-                 mask=real)  # fmt: skip
-        if SCALED:
-            tl.store(piece_scale_ptr + piece_index, tl.load(sorted_scale_ptr + q, mask=real, other=1.0), mask=real)
-    tl.store(multi_heads_ptr + multi_base + tl.cumsum(multi_marks, axis=0) - multi_marks, q, mask=multi)
-    first_q = block.to(tl.int64) * BLOCK
-    for k in range(0, num_classes + 1):  # the few bounds; only their blocks sum
-        bound = tl.load(class_pos_ptr + k)
-        if (bound >= first_q) & (bound < first_q + BLOCK):
-            before = q < bound
-            tl.store(class_piece_pos_ptr + k, piece_base + tl.sum(tl.where(before, piece_marks, 0), axis=0))
-            tl.store(class_multi_pos_ptr + k, multi_base + tl.sum(tl.where(before, multi_marks, 0), axis=0))
+    if WRITE:
+        piece_base = tl.load(counts_ptr + block - 1, mask=block > 0, other=0)
+        multi_base = tl.load(counts_ptr + blocks + block - 1) - tl.load(counts_ptr + blocks - 1)
+        piece_index = piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks
+        tl.store(piece_starts_ptr + piece_index, q, mask=piece)
+        if RECORDS:
+            real = piece & inside
+            flags = head.to(tl.int8) + 2 * (head & ~multi).to(tl.int8)  # 1: a run's head, 2: the whole run
+            tl.store(piece_row_ptr + piece_index, row, mask=real)
+            tl.store(piece_flags_ptr + piece_index, flags, mask=real)
+            tl.store(piece_w_start_ptr + piece_index, tl.load(sorted_w_start_ptr + q, mask=real, other=0), mask=real)
+            tl.store(piece_dim_ptr + piece_index, tl.load(sorted_dim_ptr + q, mask=real, other=0), mask=real)
+            tl.store(piece_grad_offset_ptr + piece_index, tl.load(sorted_grad_offset_ptr + q, mask=real, other=0),
+                     mask=real)  # fmt: skip
+            if SCALED:
+                tl.store(piece_scale_ptr + piece_index, tl.load(sorted_scale_ptr + q, mask=real, other=1.0), mask=real)
+        tl.store(multi_heads_ptr + multi_base + tl.cumsum(multi_marks, axis=0) - multi_marks, q, mask=multi)
+        first_q = block.to(tl.int64) * BLOCK
+        for k in range(0, num_classes + 1):  # the few bounds; only their blocks sum
+            bound = tl.load(class_pos_ptr + k)
+            if (bound >= first_q) & (bound < first_q + BLOCK):
+                before = q < bound
+                tl.store(class_piece_pos_ptr + k, piece_base + tl.sum(tl.where(before, piece_marks, 0), axis=0))
+                tl.store(class_multi_pos_ptr + k, multi_base + tl.sum(tl.where(before, multi_marks, 0), axis=0))
+    else:
+        tl.store(counts_ptr + block, tl.sum(piece_marks, axis=0))
+        tl.store(counts_ptr + blocks + block, tl.sum(multi_marks, axis=0))
 
 
 @triton.jit

@@ -10,8 +10,7 @@ No dense gradient is ever materialized. The backward of one batch:
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
    then lays the ids' operands out in sorted order: each row's start in the weights, its D,
-   the output-gradient row its bag reads, the factor (in the pieces design it also counts
-   the pieces' marks, and stores a row's start and D only where a piece can start).
+   the output-gradient row its bag reads, the factor.
 3. ``torch.searchsorted``: where each class of tables (rows of one power-of-two tile,
    numbered one class after another by the module) begins among the sorted ids.
 4. ``_chunk_kernel``, per class: chunks of CHUNK sorted ids, each with a halo of CHUNK
@@ -44,7 +43,6 @@ import triton.language as tl
 from tbe_plugin.ops.backward_launch import CHUNK_MODES, MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
 from tbe_plugin.ops.backward_pieces import (
     _cell_groups_kernel,
-    _count_marks,
     _multi_runs_kernel,
     _piece_marks_kernel,
     _piece_order_kernel,
@@ -148,18 +146,12 @@ def positions_window(offsets: torch.Tensor, num_indices: int, block: int) -> tor
 @triton.jit
 def _sorted_operands_kernel(
     perm_ptr, sorted_rows_ptr, bag_ptr, scale_ptr, feature_meta_ptr,
-    sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, counts_ptr,
-    B, grad_stride, num_indices, sentinel, UNPOOLED: tl.constexpr, SCALED: tl.constexpr, MARKS: tl.constexpr,
-    PIECE: tl.constexpr, BLOCK: tl.constexpr,
+    sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
+    B, grad_stride, num_indices, sentinel, UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per sorted id, what the update kernels need, stored contiguously in sorted order:
+    """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
     where its row starts in the flat weights, its D, its output-gradient row (from its bag:
-    bag b of a feature reads row b, unpooled id p row p; int32 when the gradient has fewer
-    than 2**31 elements) and its factor. MARKS (the pieces
-    design; the grid then covers position ``num_indices`` too): the count pass of the
-    pieces' marks as well (``_count_marks``), and the row's start and D only where a piece
-    can start (a head or a multiple of PIECE: nothing reads them elsewhere), 12 bytes an id
-    less to write."""
+    bag b of a feature reads row b, unpooled id p row p) and its factor."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
     valid = row != sentinel
@@ -170,18 +162,14 @@ def _sorted_operands_kernel(
     dim = tl.load(meta + _META_DIM, mask=valid, other=0)
     local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
     w_start = tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) + local * dim
-    run_operands = valid
-    if MARKS:
-        head = _count_marks(sorted_rows_ptr, counts_ptr, q, row, sentinel, num_indices, PIECE)
-        run_operands = head | (valid & (q % PIECE == 0))
-    tl.store(sorted_w_start_ptr + q, w_start, mask=run_operands)
-    tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=run_operands)
+    tl.store(sorted_w_start_ptr + q, w_start, mask=valid)
+    tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=valid)
     if UNPOOLED:
         grad_offset = p * grad_stride
     else:
         b = (bag - feature * B).to(tl.int64)
         grad_offset = b * grad_stride + tl.load(meta + _META_OUT_OFFSET, mask=valid, other=0)
-    tl.store(sorted_grad_offset_ptr + q, grad_offset.to(sorted_grad_offset_ptr.dtype.element_ty), mask=valid)
+    tl.store(sorted_grad_offset_ptr + q, grad_offset, mask=valid)
     if SCALED:
         tl.store(sorted_scale_ptr + q, tl.load(scale_ptr + p, mask=valid, other=0.0), mask=valid)
 
@@ -344,27 +332,19 @@ def backward_update(
     sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
-    # Output-gradient element offsets fit int32 below 2**31 elements: 4 bytes an id less to
-    # write here and to read in the update kernels' gathers.
-    offset_dtype = torch.int32 if grad_output.numel() < 2**31 else torch.int64
-    sorted_grad_offset = torch.empty(N, dtype=offset_dtype, device=device)
+    sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
     sorted_scale = torch.empty_like(scale)
-    marks = launch.design == "pieces"
-    # The pieces' marks are counted here (pieces per block, then multi runs per block: one
-    # vector, whose running totals are one 1-D scan), over N + 1 positions: N may be the end.
-    blocks = cdiv(N + 1 if marks else N, SORTED_OPERANDS_BLOCK)
-    counts = torch.empty(2 * blocks if marks else 1, dtype=torch.int32, device=device)
-    _sorted_operands_kernel[(blocks,)](
+    _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
-        counts, B, grad_output.stride(0), N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled, MARKS=marks,
-        PIECE=launch.piece_ids, BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
+        B, grad_output.stride(0), N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
+        BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
     _launch_runs(
         grad_output, (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale), weights,
         momentum1, momentum2, step, args, scaled, align, total_rows, classes or (block_d_of(max_dim), 0),
-        launch, pooling != Pooling.NONE, grad_cell, counts,
+        launch, pooling != Pooling.NONE, grad_cell,
     )  # fmt: skip
     return psw_grad
 
@@ -409,11 +389,9 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
 
 
 def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-                 classes, launch, pooled, grad_cell=None, mark_counts=None) -> None:  # fmt: skip
+                 classes, launch, pooled, grad_cell=None) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
-    long runs' segment and group sums and the long runs themselves. The pieces design
-    instead (``_launch_pieces``; ``mark_counts``: its marks counted per block by the
-    sorted-operands kernel)."""
+    long runs' segment and group sums and the long runs themselves."""
     sorted_rows = sorted_operands[0]
     device, N = weights.device, sorted_rows.numel()
     block_ds = list(classes[0::2])
@@ -425,7 +403,7 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
     if launch.design == "pieces":
         class_rows = [b - a for a, b in zip(classes[1::2], [*classes[3::2], total_rows])]
         _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align,
-                       class_pos, per_class, class_rows, launch, pooled, mark_counts, grad_cell)  # fmt: skip
+                       class_pos, per_class, class_rows, launch, pooled, grad_cell)  # fmt: skip
         return
     segment, fan_in = launch.segment_ids, launch.fan_in
     long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)
@@ -476,21 +454,21 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
         )  # fmt: skip
 
 
-MARKS_BLOCK = SORTED_OPERANDS_BLOCK  # positions per program of _piece_marks_kernel: the count pass's blocks
+MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
 MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
 
 
-def _piece_records(keys: torch.Tensor, offsets: torch.Tensor, most_pieces: int, scaled: bool):
+def _piece_records(keys: torch.Tensor, most_pieces: int, scaled: bool):
     """Per piece (``RunsLaunch.piece_records``): its row (``keys``' dtype), flags, the row's
-    start in the weights, D, its first id's gradient row (``offsets``' dtype) and factor;
-    ~29-33 bytes a piece (upper bound: an id's worth of pieces plus a cell's)."""
+    start in the weights, D, its first id's gradient row and factor; ~33 bytes a piece
+    (upper bound: an id's worth of pieces plus a cell's)."""
     device = keys.device
     return (
         torch.empty(most_pieces, dtype=keys.dtype, device=device),
         torch.empty(most_pieces, dtype=torch.int8, device=device),
         torch.empty(most_pieces, dtype=torch.int64, device=device),
         torch.empty(most_pieces, dtype=torch.int32, device=device),
-        torch.empty(most_pieces, dtype=offsets.dtype, device=device),
+        torch.empty(most_pieces, dtype=torch.int64, device=device),
         torch.empty(most_pieces if scaled else 1, dtype=torch.float32, device=device),
     )
 
@@ -508,7 +486,7 @@ def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, rec
     device = grad_output.device
     grad_rows = grad_output.shape[0]
     buckets = torch.zeros(num_classes * grad_rows, dtype=torch.int32, device=device)
-    out = _piece_records(records[0], records[4], size, scaled)
+    out = _piece_records(records[0], size, scaled)
     starts, stops = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     grid = (sms * ORDER_PROGRAMS_PER_SM,)
     common = (class_piece_pos, num_classes, piece_starts, *records)
@@ -521,7 +499,7 @@ def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, rec
 
 
 def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
-                   per_class, class_rows, launch, pooled, counts, grad_cell=None) -> None:  # fmt: skip
+                   per_class, class_rows, launch, pooled, grad_cell=None) -> None:  # fmt: skip
     """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
     classes at once; then per class its pieces, the group sums of its multi runs' cells
     (two levels, where the batch has ids enough) and its multi runs. No host sync: the
@@ -530,24 +508,24 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     device, N = weights.device, sorted_rows.numel()
     piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
     cells = N // piece + 1
-    # ``counts``: pieces per block, then multi runs per block (``_count_marks``, in the
-    # sorted-operands kernel), one vector, so that its running totals are one 1-D scan
-    # (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms at ctr-mix's 22k
-    # blocks, H200, e45a0a4).
-    blocks = counts.numel() // 2
-    assert blocks == cdiv(N + 1, MARKS_BLOCK), "the marks' count pass must cover positions 0..N"
+    blocks = cdiv(N + 1, MARKS_BLOCK)
+    # Pieces per block, then multi runs per block: one vector, so that its running totals
+    # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
+    # at ctr-mix's 22k blocks, H200, e45a0a4).
+    counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
     # Pieces: at most a head per id, a grid point per cell, and the end.
     piece_starts = torch.empty(N + cells + 1, dtype=torch.int64, device=device)
     multi_heads = torch.empty(cells + 1, dtype=torch.int64, device=device)
     class_piece_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
-    records = (_piece_records(sorted_rows, sorted_operands[3], N + cells + 1, scaled) if launch.piece_records
-               else (piece_starts,) * 6)  # fmt: skip
+    records = _piece_records(sorted_rows, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
+    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, num_warps=MARKS_WARPS)
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, WRITE=False,
+                                   **marks)  # fmt: skip
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
-    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, PIECE=piece,
-                                   BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled,
-                                   num_warps=MARKS_WARPS)  # fmt: skip
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, WRITE=True,
+                                   **marks)  # fmt: skip
     sms = _multiprocessors(device)
     # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
     piece_list, stops, ordered = piece_starts, piece_starts, launch.piece_order and pooled

@@ -32,8 +32,6 @@ FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
 INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
 INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr")
-# Output-gradient offsets: int32 below 2**31 gradient elements (every measured batch).
-INT32_POINTERS_MORE += ("sorted_grad_offset_ptr", "piece_grad_offset_ptr", "out_grad_offset_ptr")
 FLOAT_POINTERS += ("out_scale_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
@@ -196,10 +194,8 @@ def variants():
     for keys in ("*i32", "*i64"):
         yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
-    for marks in (False, True):  # the chunk design's operands; the pieces design's, with the marks' count pass
-        yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, MARKS=marks, PIECE=64,
-                                                     BLOCK=backward.SORTED_OPERANDS_BLOCK), \
-            backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
+    yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
+        backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
     psw = dict(backward.PSW_CONFIG)
     for cell in (False, True):
         yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128, GRAD_CELL=cell), \
@@ -237,8 +233,9 @@ def pieces_variants():
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
             sizes.tree_warps, "*fp32", "*i32"  # fmt: skip
-    for keys, records in (("*i32", False), ("*i64", False), ("*i32", True)):  # int64 keys: 2**31 rows or more
-        yield pieces._piece_marks_kernel, dict(PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK,
+    for write, keys, records in ((False, "*i32", False), (True, "*i32", False), (True, "*i64", False),
+                                 (True, "*i32", True)):  # int64 keys: 2**31 rows or more  # fmt: skip
+        yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK,
                                                RECORDS=records, SCALED=True), backward.MARKS_WARPS, "*fp32", keys  # fmt: skip
     for scatter in (False, True):
         yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=backward.ORDER_BLOCK), \

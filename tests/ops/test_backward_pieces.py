@@ -122,43 +122,17 @@ def test_piece_marks_list_pieces_and_multi_runs():
     the counts are one vector (pieces per block, then multi runs per block) whose 1-D
     running totals place the second block's marks after the first's; each class bound's
     block writes how many pieces and multi runs lie before it; the per-piece records hold
-    each piece's row, flags (1: a run's head, 2: the whole run) and first id's operands.
-    The count pass runs in the sorted-operands kernel, which stores a row's start and D
-    only where a piece can start."""
+    each piece's row, flags (1: a run's head, 2: the whole run) and first id's operands."""
     from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
-    from tbe_plugin.ops.embedding_backward import _sorted_operands_kernel
-    from tbe_plugin.ops.indexing import META_COLS, META_DIM, META_ROWS
 
     records = None
-
-    def count(rows):
-        """The count pass, as the backward runs it: in the sorted-operands kernel (one
-        feature of D=4 and one bag; ids in sorted order), over positions 0..n."""
-        n = rows.numel()
-        meta = torch.zeros(1, META_COLS, dtype=torch.int64)
-        meta[0, META_DIM], meta[0, META_ROWS] = 4, 1 << 30
-        w_start, grad_offset = torch.full((n,), -1), torch.full((n,), -1)
-        dim, scale = torch.full((n,), -1, dtype=torch.int32), torch.empty(1)
-        counts = torch.full((4,), -1, dtype=torch.int32)
-        _sorted_operands_kernel[(2,)](
-            torch.arange(n), rows, torch.zeros(n, dtype=torch.int32), scale, meta, w_start, dim, grad_offset, scale,
-            counts, 1, 4, n, torch.iinfo(rows.dtype).max, UNPOOLED=False, SCALED=False, MARKS=True, PIECE=4, BLOCK=16,
-        )  # fmt: skip
-        # A row's start and D only where a piece can start (a head or a grid point).
-        valid = rows != torch.iinfo(rows.dtype).max
-        prev = torch.cat([torch.tensor([-1], dtype=rows.dtype), rows[:-1]])
-        starts = valid & ((rows != prev) | (torch.arange(n) % 4 == 0))
-        assert torch.equal(w_start[starts], rows[starts].long() * 4) and (w_start[~starts] == -1).all()
-        assert (dim[starts] == 4).all() and (dim[~starts] == -1).all()
-        assert torch.equal(grad_offset[valid], torch.zeros(int(valid.sum()), dtype=torch.int64))
-        return counts
 
     def marks(rows, class_pos):
         nonlocal records
         n = rows.numel()
         operands = (rows, torch.arange(n) * 10, torch.full((n,), 4, dtype=torch.int32), torch.arange(n) * 100,
                     torch.arange(n, dtype=torch.float32))  # fmt: skip
-        counts = count(rows)
+        counts = torch.empty(4, dtype=torch.int32)
         starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
         piece_pos, multi_pos = (torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(2))
         records = (torch.full((32,), -1, dtype=rows.dtype), torch.full((32,), -1, dtype=torch.int8),
@@ -167,8 +141,10 @@ def test_piece_marks_list_pieces_and_multi_runs():
         args = (*operands, class_pos, len(class_pos) - 1)
         lists = (starts, multi, piece_pos, multi_pos, *records)
         flags = dict(PIECE=4, BLOCK=16, RECORDS=True, SCALED=True)
-        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, **flags)
-        return counts.tolist(), starts, multi, piece_pos.tolist(), multi_pos.tolist()
+        _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
+        counted = counts.tolist()
+        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, **flags)
+        return counted, starts, multi, piece_pos.tolist(), multi_pos.tolist()
 
     sentinel = torch.iinfo(torch.int32).max
     rows = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 5, 5, 5, 5, 5, 7, 8, 8, 9, sentinel, sentinel],

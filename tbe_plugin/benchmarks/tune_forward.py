@@ -40,6 +40,10 @@ SHAPES = {
     "L100-D128": (32, 8192, 100, [128], torch.float32, 0.0),
     "L20-B512": (32, 512, 20, [128], torch.float32, 0.0),
     "L4-D64": (32, 16384, 4, [64], torch.float32, 0.0),
+    # Wide rows (whole-row column blocks, ``embedding_forward.wide_rows``): 2-byte rows
+    # uniform (no L2 help) and 4-byte rows as skewed as the suite's wide-d512-fp16.
+    "L20-D512-fp16": (16, 8192, 20, [512], torch.float16, 0.0),
+    "L20-D512-fp32-zipf": (16, 8192, 20, [512], torch.float32, 1.05),
 }
 # name -> a production-shaped workload (its own rows, dims, bag-length laws and skew): the
 # end-to-end benchmark's tables and the kernel suite's production configs (but FBGEMM's

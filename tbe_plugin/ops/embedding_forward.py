@@ -223,9 +223,11 @@ def wide_rows(avg_len: float, elem_size: int) -> bool:
     """Whether rows of 512 columns and more are read whole (a 512-column block, ``WIDE_TILE``)
     rather than in 128-column blocks: 2-byte rows in bags of 7-48 ids, the shape swept. H200
     at 8ab989e (``tune_forward``, the suite's wide-d512-fp16: D=512 fp16, Poisson(20) bags,
-    Zipf 1.05): 128-column blocks (16, 2, 128) 0.762 ms, whole rows (2, 4, 512) with PREFETCH
-    0.447 (FBGEMM 0.740): four programs a bag each reloaded the bag's ids and offsets and
-    read a quarter row (256 bytes) an id."""
+    Zipf 1.05): 128-column blocks (16, 2, 128) 0.762 ms, whole rows (1, 8, 512) with PREFETCH
+    0.514 (FBGEMM 0.740): four programs a bag each reloaded the bag's ids and offsets and
+    read a quarter row (256 bytes) an id. The sweep's fastest, (2, 4, 512) at 0.447, spills
+    8-16 bytes a thread for fp16 (ptxas, sm_90); (1, 8, 512) spills nothing (fp16 160
+    registers, bf16 215)."""
     return elem_size == 2 and 6 < avg_len <= 48
 
 
@@ -251,11 +253,11 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     swept with it and keep three stages. Not for bf16 rows: with PREFETCH the kernel spills
     104 bytes a thread there (fp16: none; ptxas, sm_90) and the suite's bf16 forward went
     from 0.497 to 0.684 ms (f39d6dc), so bf16 keeps the three-stage tile. Wide 2-byte rows
-    (``wide_rows``) read whole: 8 ids of 2 bags a step, ids a step ahead.
+    (``wide_rows``) read whole: a warp a bag, 8 ids a step, ids a step ahead.
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
-        return 2, 4, block_d, 1, 1, 1
+        return 1, 8, block_d, 1, 1, 1
     if avg_len <= 1.5:
         return 16, 1, block_d, 1, 3, 0
     if avg_len <= 3:

@@ -135,21 +135,16 @@ def parse_stack_bytes(report: str) -> int:
 def variants():
     """The launch configurations the launchers use, for fp32 and fp16 weights."""
     for weights, elem in (("*fp32", 4), ("*fp16", 2), ("*bf16", 2)):
-        for avg_len in (1, 4, 20, 100):
-            bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, 128, elem,
+        # The heuristic's classes at D=128, and wide rows (their own tile for 2-byte rows only).
+        for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (100, 128), (20, 512)):
+            bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, max_dim, elem,
                                                                                           weights == "*bf16")
+            if max_dim > 128 and block_d != forward.WIDE_TILE:
+                continue  # 4-byte rows: the 128-column tile, compiled above
             for mean, weighted in ((False, False), (True, False), (True, True)):
                 yield forward._pooled_forward_kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
                     BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
-                ), (warps, stages), weights, "*i32"  # fmt: skip
-        wide = forward.pooled_launch_config(20, 512, elem, weights == "*bf16")  # wide rows (2-byte rows only)
-        if wide[2] == forward.WIDE_TILE:
-            bags, block_l, block_d, warps, stages, prefetch = wide
-            for mean, weighted in ((False, False), (True, False), (True, True)):
-                yield forward._pooled_forward_kernel, dict(
-                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
-                    BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=True,
                 ), (warps, stages), weights, "*i32"  # fmt: skip
         if weights == "*bf16":
             continue

@@ -190,7 +190,7 @@ def test_wide_two_byte_rows_read_whole(weights_dtype, pooling):
     assert wide_rows(avg_len, 2) and not wide_rows(avg_len, 4) and not wide_rows(3.0, 2)
     assert pooled_tile_classes(emb.feature_dims, True) == ((64, (2,)), (WIDE_TILE, (0, 1, 3)))
     assert pooled_launch_config(avg_len, WIDE_TILE, 2)[2] == WIDE_TILE
-    assert pooled_tile_classes(emb.feature_dims) == ((64, (2,)), (128, (0, 1, 3)))  # fp32 rows, short bags
+    assert pooled_tile_classes(emb.feature_dims) == ((64, (2,)), (128, (0, 1, 3)))  # not wide: 128-column blocks
     assert_tbe_close(emb(indices, offsets), reference(emb, indices, offsets), 20)
 
 

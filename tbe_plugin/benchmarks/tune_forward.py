@@ -24,7 +24,8 @@ import triton
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.benchmarks.common import collect_environment
-from tbe_plugin.ops.embedding_forward import _work_items, forward_into, pooled_launch_config
+from tbe_plugin.ops.embedding_forward import (_work_items, forward_into, pooled_launch_config, pooled_tile_classes,
+                                              wide_rows)
 from tbe_plugin.benchmarks.suite import DEVICE_PRODUCTION
 from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
 
@@ -107,9 +108,14 @@ def shape_workload(spec, E) -> Workload:
     return Workload("tune", tables, B, weights_precision=precision)
 
 
-def tune_shape(name, workload: Workload, budget):
+def tune_shape(name, workload: Workload, budget, tile_class=None):
+    """The sweep of one shape; ``tile_class`` = (tile, features): only those features'
+    launch (the module launches once per tile class, ``pooled_tile_classes``), its
+    candidates sized for that tile and checked on those features' columns."""
     B = workload.batch_size
     dims = [t.dim for t in workload.tables]
+    features = tile_class[1] if tile_class is not None else None
+    class_dims = [dims[f] for f in features] if features is not None else dims
     emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in workload.tables],
                                           weights_precision=workload.weights_precision.upper(),
                                           bounds_check_mode="WARNING", device="cuda")  # fmt: skip
@@ -119,17 +125,22 @@ def tune_shape(name, workload: Workload, budget):
     out = torch.empty(B, sum(dims), device="cuda")
     elem = emb.weights.element_size()
     reference = emb(indices, offsets)
+    starts = [sum(dims[:f]) for f in range(len(dims))]
+    columns = (torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in features]).cuda()
+               if features is not None else slice(None))  # fmt: skip
     results = []
-    longest = max(round(t.mean_pooling) for t in workload.tables)
-    first = production_first(max(dims), elem) if len({t.mean_pooling for t in workload.tables}) > 1 else ()
+    tables = [workload.tables[f] for f in features] if features is not None else workload.tables
+    longest = max(round(t.mean_pooling) for t in tables)
+    max_dim = tile_class[0] if tile_class is not None else max(dims)
+    first = production_first(max(class_dims), elem) if len({t.mean_pooling for t in workload.tables}) > 1 else ()
     # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
     bags, block_l, block_d, warps, stages, prefetch = pooled_launch_config(
-        L, max(dims), elem, workload.weights_precision == "bf16")
+        L, max_dim, elem, workload.weights_precision == "bf16")
     siblings = [(bags, block_l, block_d, warps, stages, prefetch),
                 (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch)]
     first = tuple(siblings) + tuple(c for c in first if c not in siblings)
-    for cand in itertools.islice(candidates(longest, max(dims), elem, first), budget):
-        work = _work_items(emb.feature_dims, cand[2], emb.device)
+    for cand in itertools.islice(candidates(longest, max(class_dims), elem, first), budget):
+        work = _work_items(emb.feature_dims, cand[2], emb.device, features)
 
         def run(cand=cand, work=work):
             forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, None,
@@ -137,33 +148,36 @@ def tune_shape(name, workload: Workload, budget):
 
         try:
             run()
-            ok = torch.allclose(out, reference, atol=1e-3, rtol=1e-4)
+            ok = torch.allclose(out[:, columns], reference[:, columns], atol=1e-3, rtol=1e-4)
             ms = time_ms(run)
         except Exception as error:  # a candidate that does not compile is just skipped
             print(f"  {cand}: {type(error).__name__}", file=sys.stderr)
             continue
         results.append({"config": cand, "ms": ms, "ok": ok})
     heuristic = siblings[0]
-    h_work = _work_items(emb.feature_dims, heuristic[2], emb.device)
+    h_work = _work_items(emb.feature_dims, heuristic[2], emb.device, features)
     h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
                                         None, emb.bounds_check_status, 0, 1, emb._align, heuristic))
     with torch.no_grad():  # the module's own forward: a launch per column tile of mixed D
         module_ms = time_ms(lambda: emb(indices, offsets))
     results.sort(key=lambda r: r["ms"])
-    row_bytes = _row_bytes(workload, offsets, elem)
+    row_bytes = _row_bytes(workload, offsets, elem, features)
     del emb
     torch.cuda.empty_cache()
-    return {"shape": name, "heuristic": heuristic, "heuristic_ms": h_ms,
+    return {"shape": name, "tile_class": [max_dim, len(features)] if features is not None else None,
+            "class_dims": sorted(set(class_dims)), "heuristic": heuristic, "heuristic_ms": h_ms,
             "heuristic_tbps": row_bytes / h_ms / 1e9, "module_ms": module_ms, "best": results[:8],
             "best_tbps": row_bytes / results[0]["ms"] / 1e9 if results else None,
             "candidates": len(results)}  # fmt: skip
 
 
-def _row_bytes(workload: Workload, offsets: torch.Tensor, elem: int) -> int:
-    """Bytes of the rows a batch reads: every lookup's row (repeated ids counted)."""
+def _row_bytes(workload: Workload, offsets: torch.Tensor, elem: int, features=None) -> int:
+    """Bytes of the rows a batch reads (of ``features``, all when None): every lookup's row
+    (repeated ids counted)."""
     B = workload.batch_size
     per_table = (offsets[B::B] - offsets[:-1:B]).tolist()  # lookups of each table
-    return sum(n * t.dim * elem for n, t in zip(per_table, workload.tables))
+    keep = set(features) if features is not None else set(range(len(per_table)))
+    return sum(n * t.dim * elem for f, (n, t) in enumerate(zip(per_table, workload.tables)) if f in keep)
 
 
 def main():
@@ -172,6 +186,8 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join([*SHAPES, *WORKLOADS])}")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--budget", type=int, default=400, help="max candidates per shape")
+    parser.add_argument("--per-class", action="store_true",
+                        help="sweep each tile class of a mixed-D shape on its own (the module's launches)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     report = {"environment": collect_environment(torch.device("cuda")), "rows": args.rows,
@@ -181,11 +197,18 @@ def main():
         if name not in SHAPES and name not in WORKLOADS:
             raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join([*SHAPES, *WORKLOADS])}")
         workload = WORKLOADS[name] if name in WORKLOADS else shape_workload(SHAPES[name], args.rows)
-        entry = tune_shape(name, workload, args.budget)
-        best = entry["best"][0] if entry["best"] else None
-        print(f"{name}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms (module "
-              f"{entry['module_ms']:.4f}); best {best}", flush=True)  # fmt: skip
-        report["shapes"].append(entry)
+        groups = [None]
+        if args.per_class:
+            dims = [t.dim for t in workload.tables]
+            lookups_per_bag = sum(t.mean_pooling for t in workload.tables) / len(workload.tables)
+            precision = workload.weights_precision
+            groups = list(pooled_tile_classes(dims, wide_rows(lookups_per_bag, 4 if precision == "fp32" else 2)))
+        for group in groups:
+            entry = tune_shape(name, workload, args.budget, group if len(groups) > 1 else None)
+            best = entry["best"][0] if entry["best"] else None
+            print(f"{name} {entry['class_dims']}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms "
+                  f"(module {entry['module_ms']:.4f}); best {best}", flush=True)  # fmt: skip
+            report["shapes"].append(entry)
         with open(os.path.join(args.out, "tune_forward.json"), "w") as f:
             json.dump(report, f, indent=1)
 

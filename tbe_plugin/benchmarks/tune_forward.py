@@ -109,7 +109,7 @@ def shape_workload(spec, E) -> Workload:
     return Workload("tune", tables, B, weights_precision=precision)
 
 
-def tune_shape(name, workload: Workload, budget, tile_class=None):
+def tune_shape(name, workload: Workload, budget, tile_class=None, extra=()):
     """The sweep of one shape; ``tile_class`` = (tile, features): only those features'
     launch (the module launches once per tile class, ``pooled_tile_classes``), its
     candidates sized for that tile and checked on those features' columns."""
@@ -139,7 +139,8 @@ def tune_shape(name, workload: Workload, budget, tile_class=None):
         L, max_dim, elem, workload.weights_precision == "bf16")
     siblings = [(bags, block_l, block_d, warps, stages, prefetch),
                 (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch)]
-    first = tuple(siblings) + tuple(c for c in first if c not in siblings)
+    extra = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))  # none wider than the rows
+    first = tuple(siblings) + tuple(c for c in (*extra, *first) if c not in siblings)
     for cand in itertools.islice(candidates(longest, max(class_dims), elem, first), budget):
         work = _work_items(emb.feature_dims, cand[2], emb.device, features)
 
@@ -187,6 +188,8 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join([*SHAPES, *WORKLOADS])}")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--budget", type=int, default=400, help="max candidates per shape")
+    parser.add_argument("--first", default="", help="configs timed first, after the heuristic's: "
+                        "BAGS,BLOCK_L,BLOCK_D,WARPS,STAGES,PREFETCH;... (a BLOCK_D above a class's tile is skipped)")
     parser.add_argument("--per-class", action="store_true",
                         help="sweep each tile class of a mixed-D shape on its own (the module's launches)")
     args = parser.parse_args()
@@ -194,6 +197,7 @@ def main():
     report = {"environment": collect_environment(torch.device("cuda")), "rows": args.rows,
               "inputs": "tbe_plugin.workloads.generate_batch, seed 0: SHAPES fixed L and one Zipf alpha per shape; "
                         "WORKLOADS their own tables", "shapes": []}  # fmt: skip
+    first = tuple(tuple(int(v) for v in c.split(",")) for c in args.first.split(";") if c)
     for name in args.shapes.split(","):
         if name not in SHAPES and name not in WORKLOADS:
             raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join([*SHAPES, *WORKLOADS])}")
@@ -205,7 +209,7 @@ def main():
             precision = workload.weights_precision
             groups = list(pooled_tile_classes(dims, wide_rows(lookups_per_bag, 4 if precision == "fp32" else 2)))
         for group in groups:
-            entry = tune_shape(name, workload, args.budget, group if len(groups) > 1 else None)
+            entry = tune_shape(name, workload, args.budget, group if len(groups) > 1 else None, first)
             best = entry["best"][0] if entry["best"] else None
             print(f"{name} {entry['class_dims']}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms "
                   f"(module {entry['module_ms']:.4f}); best {best}", flush=True)  # fmt: skip

@@ -239,6 +239,13 @@ def pooled_tile(dim: int, wide: bool = False) -> int:
     return max(16, min(next_power_of_2(dim), 128))
 
 
+# Bags of 7-48 ids of 2-byte rows (fp16, bf16) of 128-column blocks. Rows are read 16 bytes
+# a load there (a module's rows of D=128 are 16-byte aligned: ``vector_alignment``), and
+# the fp32 tile (16, 2) then spills 144-200 bytes a thread for fp16 and (16, 2) with three
+# stages 136-208 for bf16 (ptxas, sm_90); (8, 4) with three stages spills nothing.
+SIXTEEN_BIT_L20 = (8, 4, 128, 1, 3, 0)
+
+
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0.)
@@ -265,6 +272,8 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
     if avg_len <= 48:
+        if elem_size == 2 and block_d == SIXTEEN_BIT_L20[2]:
+            return SIXTEEN_BIT_L20
         return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)
     return 1, 32, block_d, 1, 3, 0
 

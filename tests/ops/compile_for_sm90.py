@@ -21,6 +21,7 @@ from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
+from tbe_plugin.ops.common import vector_alignment  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = ()  # the update kernels read their hyperparameters from hyper_ptr
@@ -133,8 +134,12 @@ def parse_stack_bytes(report: str) -> int:
 
 
 def variants():
-    """The launch configurations the launchers use, for fp32 and fp16 weights."""
+    """The launch configurations the launchers use, for fp32 and fp16 weights, at the row
+    alignment a module of those rows promises (``vector_alignment``: 4 elements for fp32,
+    8 for 16-bit rows of D=128 and 512; with 4 for 16-bit rows the compile check read them
+    8 bytes a load and missed the spills of the real 16-byte loads)."""
     for weights, elem in (("*fp32", 4), ("*fp16", 2), ("*bf16", 2)):
+        align = vector_alignment([128, 512], elem)
         # The heuristic's classes at D=128, and wide rows (their own tile for 2-byte rows only).
         for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (100, 128), (20, 512)):
             bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, max_dim, elem,
@@ -143,20 +148,22 @@ def variants():
                 continue  # 4-byte rows: the 128-column tile, compiled above
             for mean, weighted in ((False, False), (True, False), (True, True)):
                 yield forward._pooled_forward_kernel, dict(
-                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l,
+                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l,
                     BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
                 ), (warps, stages), weights, "*i32"  # fmt: skip
         if weights == "*bf16":
             continue
         # The sweep's candidates with the next step's ids loaded ahead (tune_forward's production_first).
-        for bags, block_l, warps in ((1, 8, 1), (1, 16, 1), (16, 2, 1), (4, 8, 4)):  # one stage, as swept
+        # (16, 2) is fp32's heuristic tile; 16-bit rows spill there (their own tile, above).
+        tiles = ((1, 8, 1), (1, 16, 1), (16, 2, 1), (4, 8, 4)) if elem == 4 else ((1, 8, 1), (1, 16, 1), (4, 8, 4))
+        for bags, block_l, warps in tiles:  # one stage, as swept
             yield forward._pooled_forward_kernel, dict(
-                MEAN=False, WEIGHTED=False, CHECK=True, ALIGN=4, BAGS=bags, BLOCK_L=block_l, BLOCK_D=128,
+                MEAN=False, WEIGHTED=False, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l, BLOCK_D=128,
                 PREFETCH=True, DIRECT=True,
             ), (warps, 1), weights, "*i32"  # fmt: skip
         block_n, block_d, warps = forward.unpooled_launch_config(128, elem)
         yield forward._unpooled_forward_kernel, dict(
-            WEIGHTED=False, CHECK=True, ALIGN=4, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
+            WEIGHTED=False, CHECK=True, ALIGN=align, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d
         ), warps, weights, "*i32"
         rounding = weights != "*fp32"
         launch = dataclasses.replace(runs_launch(), design="chunks")  # the chunk design's kernels
@@ -213,7 +220,8 @@ def pieces_variants():
         for kernel, updates in ((pieces._pieces_kernel, PIECES_UPDATES), (pieces._multi_runs_kernel, MULTI_UPDATES)):
             for weights, optimizer in updates:
                 constexprs = dict(OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=1 if optimizer == 1 else 0,
-                                  STOCHASTIC_ROUNDING=weights != "*fp32", BLOCK_D=block_d, ALIGN=4,
+                                  STOCHASTIC_ROUNDING=weights != "*fp32", BLOCK_D=block_d,
+                                  ALIGN=vector_alignment([block_d], 4 if weights == "*fp32" else 2),
                                   PIECE=launch.piece_ids)  # fmt: skip
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,

@@ -86,6 +86,14 @@ def test_row_gathers_are_vector_loads(compiled):
     for name in ("_unpooled_forward_kernel", "_pieces_kernel"):
         records = [r for r in fp32 if r["kernel"] == name]
         assert records and all(r["global_ops"].get("ld.global.v4.b32", 0) >= 4 for r in records), records
+    # 16-bit rows of D=128 or 512 are 16-byte aligned in a module (``vector_alignment``: 8
+    # elements), and the pooled forward reads them 16 bytes a load, not 8 (ld.global.v2.b32,
+    # what ALIGN=4 gave) nor 2.
+    half = [r for r in compiled if r["weights"] in ("*fp16", "*bf16") and r["kernel"] == "_pooled_forward_kernel"]
+    assert half and all(r["constexprs"]["ALIGN"] == 8 for r in half), half
+    narrow = [r for r in half if r["global_ops"].get("ld.global.v4.b32", 0) == 0
+              or r["global_ops"].get("ld.global.v2.b32", 0) or r["global_ops"].get("ld.global.b16", 0)]  # fmt: skip
+    assert not narrow, json.dumps(narrow, indent=1)[:4000]
 
 
 @pytest.fixture

@@ -239,11 +239,16 @@ def pooled_tile(dim: int, wide: bool = False) -> int:
     return max(16, min(next_power_of_2(dim), 128))
 
 
-# Bags of 7-48 ids of 2-byte rows (fp16, bf16) of 128-column blocks. Rows are read 16 bytes
-# a load there (a module's rows of D=128 are 16-byte aligned: ``vector_alignment``), and
-# the fp32 tile (16, 2) then spills 144-200 bytes a thread for fp16 and (16, 2) with three
-# stages 136-208 for bf16 (ptxas, sm_90); (8, 4) with three stages spills nothing.
-SIXTEEN_BIT_L20 = (8, 4, 128, 1, 3, 0)
+# Bags of 7-48 ids, by (bytes a weight, column tile), where the common tile (16 bags, 2 ids a
+# step, ids a step ahead) is not the one to use. 2-byte rows of 128 columns: a module's
+# 16-bit rows of D=128 are 16-byte aligned (ALIGN 8, ``vector_alignment``) and read 16 bytes
+# a load, where (16, 2) spills 144-200 bytes a thread for fp16 and (16, 2) with three
+# stages (bf16's tile) 136-208 for bf16 (ptxas, sm_90); (8, 1) spills nothing (118-167
+# registers). H200 at bcfddd2 (``tune_forward``, ms): L=20 uniform fp16 0.431 -> 0.400, bf16
+# 0.501 -> 0.414; ctr-mix-fp16's 128-column launch (D 128 and 256, Poisson bags) 1.027 ->
+# 0.814. 4-byte rows of 64 columns: ctr-mix's D=64 launch 0.242 -> 0.182 with (8, 4)
+# (160 registers against 224; the only such launch swept).
+L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
@@ -260,7 +265,8 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     swept with it and keep three stages. Not for bf16 rows: with PREFETCH the kernel spills
     104 bytes a thread there (fp16: none; ptxas, sm_90) and the suite's bf16 forward went
     from 0.497 to 0.684 ms (f39d6dc), so bf16 keeps the three-stage tile. Wide 2-byte rows
-    (``wide_rows``) read whole: a warp a bag, 8 ids a step, ids a step ahead.
+    (``wide_rows``) read whole: a warp a bag, 8 ids a step, ids a step ahead. 16-bit rows
+    of 128-column blocks and fp32 rows of 64 in bags of 7-48 ids: ``L20_TILES``.
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -272,8 +278,8 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
     if avg_len <= 48:
-        if elem_size == 2 and block_d == SIXTEEN_BIT_L20[2]:
-            return SIXTEEN_BIT_L20
+        if (elem_size, block_d) in L20_TILES:
+            return L20_TILES[elem_size, block_d]
         return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)
     return 1, 32, block_d, 1, 3, 0
 

@@ -141,7 +141,7 @@ def variants():
     for weights, elem in (("*fp32", 4), ("*fp16", 2), ("*bf16", 2)):
         align = vector_alignment([128, 512], elem)
         # The heuristic's classes at D=128, and wide rows (their own tile for 2-byte rows only).
-        for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (100, 128), (20, 512)):
+        for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (20, 64), (100, 128), (20, 512)):
             bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, max_dim, elem,
                                                                                           weights == "*bf16")
             if max_dim > 128 and block_d != forward.WIDE_TILE:

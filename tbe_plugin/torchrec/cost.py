@@ -135,8 +135,8 @@ class KernelSpeed:
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)
 
 
-KERNEL_BENCHMARK = "backward_h200_11be7c3.json"
-"""The backward suite measured on an H200 at 11be7c3 (pieces backward with its steps' gradient-row starts loaded a step ahead, vector row loads, the forward loading ids a step ahead; results/NOTES_2026-12-02.md, part 6)."""
+KERNEL_BENCHMARK = "backward_h200_72a90d0.json"
+"""The backward suite measured on an H200 at 72a90d0 (pieces backward, graphs in place up to 2**20 ids, the forward's wide-row and 16-bit tiles; results/NOTES_2026-12-03.md)."""
 
 
 def default_kernel_benchmark() -> str:

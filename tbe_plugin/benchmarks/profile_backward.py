@@ -83,6 +83,8 @@ CANDIDATES = {
     # suite config, b65536's 41.9M ids included): no host path left but the graph's fill.
     "graphs16m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 24),
     "graphs64m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 26),
+    # The step's inputs filled inside the graph from one copied vector of addresses (RunsLaunch.graph_fill).
+    "graphs_fill": _launch(graph_fill=True),
 }
 
 

@@ -32,17 +32,61 @@ Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 import collections
 import dataclasses
 import math
+import struct
 import warnings
 from typing import Any, Dict, Optional, Sequence
 
 import torch
+import triton
+import triton.language as tl
 
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.embedding_backward import backward_update, hyper_tensor
-from tbe_plugin.ops.optimizers import OptimizerArgs
+from tbe_plugin.ops.optimizers import HYPER_FIELDS, OptimizerArgs, hyper_values
 
 BUCKET_STEPS_PER_DOUBLING = 4
 BUCKET_MULTIPLE = 1024
+# ``RunsLaunch.graph_fill``: the step vector's words. int64: the addresses of the step's ids,
+# offsets, per-sample weights (0: none) and output gradient, then its id count; then the
+# hyperparameters (``HYPER_FIELDS``) as fp64, read by the kernels through a float64 view.
+STEP_WORDS = ("indices", "offsets", "per_sample_weights", "grad_output", "num_indices")
+STEP_LEN = len(STEP_WORDS) + len(HYPER_FIELDS)
+FILL_BLOCK = 1024
+
+
+@triton.jit
+def _graph_fill_kernel(step_ptr, indices_ptr, offsets_ptr, psw_ptr, bucket, num_offsets, WEIGHTED: tl.constexpr,
+                       BLOCK: tl.constexpr):  # fmt: skip
+    """Inside a captured graph: this step's ids (zero past its count, up to the bucket),
+    offsets clamped into [0, count] and per-sample weights (zero past the count) into the
+    graph's buffers, read from the addresses in the step vector (``STEP_WORDS``) as pointers
+    of the buffers' types."""
+    pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.load(step_ptr + 4)
+    real = pos < n
+    in_bucket = pos < bucket
+    source = tl.load(step_ptr).to(indices_ptr.dtype)
+    tl.store(indices_ptr + pos, tl.load(source + pos, mask=real, other=0), mask=in_bucket)
+    if WEIGHTED:
+        source = tl.load(step_ptr + 2).to(psw_ptr.dtype)
+        tl.store(psw_ptr + pos, tl.load(source + pos, mask=real, other=0.0), mask=in_bucket)
+    is_offset = pos < num_offsets
+    source = tl.load(step_ptr + 1).to(offsets_ptr.dtype)
+    bounds = tl.load(source + pos, mask=is_offset, other=0)
+    bounds = tl.minimum(tl.maximum(bounds, 0), n.to(bounds.dtype))
+    tl.store(offsets_ptr + pos, bounds, mask=is_offset)
+
+
+def step_vector(indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor],
+                grad_output: torch.Tensor, args: OptimizerArgs) -> torch.Tensor:  # fmt: skip
+    """The step vector (``STEP_WORDS``, then ``HYPER_FIELDS``) on the host, pinned on CUDA:
+    one non-blocking copy a step (the pinned block is reused only once that copy ran)."""
+    words = (indices.data_ptr(), offsets.data_ptr(),
+             per_sample_weights.data_ptr() if per_sample_weights is not None else 0,
+             grad_output.data_ptr(), indices.numel())  # fmt: skip
+    packed = bytearray(struct.pack(f"<{len(words)}q{len(HYPER_FIELDS)}d", *words, *hyper_values(args)))
+    vector = torch.frombuffer(packed, dtype=torch.int64)
+    return vector.pin_memory() if indices.device.type == "cuda" else vector
 
 
 def padded_ids(n: int) -> int:
@@ -74,6 +118,9 @@ class _Captured:
     """With ``RunsLaunch.graph_grad_in_place``: the int64 device cell holding the address of
     the step's output gradient, which the graph's kernels read in place (``grad_output`` is
     then unused)."""
+    step: Optional[torch.Tensor] = None
+    """With ``RunsLaunch.graph_fill``: the device step vector (``step_vector``); ``grad_cell``
+    and ``hyper`` are views of it, and the graph's first kernel fills the buffers from it."""
 
 
 class BackwardGraphs:
@@ -119,27 +166,39 @@ class BackwardGraphs:
         # In place: the kernels read the gradient at its address (16-byte aligned, as their
         # vector loads need), for the pieces design; otherwise it is copied into the graph's buffer.
         in_place = settings.graph_grad_in_place and settings.design == "pieces" and grad_output.data_ptr() % 16 == 0
+        # Filled inside the graph from the inputs' addresses: contiguous inputs only.
+        fill = in_place and settings.graph_fill and indices.is_contiguous() and offsets.is_contiguous() and (
+            per_sample_weights is None or per_sample_weights.is_contiguous())
         weighted = per_sample_weights is not None
         state = (weights, momentum1, momentum2, step, feature_meta)
         key = (
             bucket, offsets.numel(), tuple(grad_output.shape), grad_output.dtype, indices.dtype, offsets.dtype,
             per_sample_weights.dtype if weighted else None, psw_requires_grad, pooling, bounds_check,
             args.optimizer, args.weight_decay_mode, args.stochastic_rounding, max_dim, total_rows, align,
-            launch, tuple(classes) if classes is not None else None, in_place,
+            launch, tuple(classes) if classes is not None else None, in_place, fill,
             tuple((t.data_ptr(), t.dtype, tuple(t.shape)) if t is not None else None for t in state),
         )  # fmt: skip
         entry = self._entries.get(key)
         first_call = entry is None
         if first_call:
-            entry = self._new_entry(bucket, offsets, grad_output, indices.dtype, per_sample_weights, in_place)
+            entry = self._new_entry(bucket, offsets, grad_output, indices.dtype, per_sample_weights, in_place, fill)
             self._entries[key] = entry
             while len(self._entries) > self.max_graphs:
                 self._entries.popitem(last=False)
         self._entries.move_to_end(key)
-        self._fill(entry, n, grad_output, indices, offsets, per_sample_weights, args)
+        if fill:
+            entry.step.copy_(step_vector(indices, offsets, per_sample_weights, grad_output, args), non_blocking=True)
+        else:
+            self._fill(entry, n, grad_output, indices, offsets, per_sample_weights, args)
         graph_args = dataclasses.replace(args, hyper=entry.hyper)
 
         def run() -> Optional[torch.Tensor]:
+            if fill:
+                psw = entry.per_sample_weights
+                grid = (triton.cdiv(max(bucket, entry.offsets.numel()), FILL_BLOCK),)
+                _graph_fill_kernel[grid](entry.step, entry.indices, entry.offsets, psw if psw is not None else
+                                         entry.indices, bucket, entry.offsets.numel(), WEIGHTED=psw is not None,
+                                         BLOCK=FILL_BLOCK)  # fmt: skip
             # In place, this step's gradient stands for every step's: the kernels take only its
             # shape, strides and type from it and read the gradient at the cell's address.
             return backward_update(
@@ -181,17 +240,22 @@ class BackwardGraphs:
 
     @staticmethod
     def _new_entry(bucket: int, offsets: torch.Tensor, grad_output: torch.Tensor, index_dtype: torch.dtype,
-                   per_sample_weights: Optional[torch.Tensor], in_place: bool = False) -> _Captured:  # fmt: skip
+                   per_sample_weights: Optional[torch.Tensor], in_place: bool = False,
+                   fill: bool = False) -> _Captured:  # fmt: skip
         device = grad_output.device
         psw = None
         if per_sample_weights is not None:
             psw = torch.zeros(bucket, dtype=per_sample_weights.dtype, device=device)
+        step = torch.zeros(STEP_LEN, dtype=torch.int64, device=device) if fill else None
+        words = len(STEP_WORDS)
         return _Captured(
             indices=torch.zeros(bucket, dtype=index_dtype, device=device),
             offsets=torch.empty_like(offsets), per_sample_weights=psw,
             grad_output=grad_output.new_empty(0) if in_place else torch.empty_like(grad_output),
-            hyper=torch.empty(6, dtype=torch.float64, device=device),
-            grad_cell=torch.zeros(1, dtype=torch.int64, device=device) if in_place else None,
+            hyper=step[words:].view(torch.float64) if fill else torch.empty(len(HYPER_FIELDS), dtype=torch.float64,
+                                                                            device=device),
+            grad_cell=(step[3:4] if fill else torch.zeros(1, dtype=torch.int64, device=device)) if in_place else None,
+            step=step,
         )  # fmt: skip
 
     @staticmethod

@@ -16,6 +16,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from tbe_plugin.ops import backward_graphs as graphs  # noqa: E402
 from tbe_plugin.ops import backward_pieces as pieces  # noqa: E402
 from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
@@ -46,6 +47,8 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = weights
         elif name in ("sorted_rows_ptr", "rows_ptr", "rows_out_ptr", "piece_row_ptr", "out_row_ptr"):
             sig[name] = keys
+        elif fn.__name__ == "_graph_fill_kernel" and name in ("indices_ptr", "offsets_ptr"):
+            sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
         elif name in FLOAT_POINTERS:
             sig[name] = "*fp32"
         elif name in INT32_POINTERS or name in INT32_POINTERS_MORE:
@@ -198,6 +201,8 @@ def variants():
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
     yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
         backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
+    for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
+        yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
     psw = dict(backward.PSW_CONFIG)
     for cell in (False, True):
         yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128, GRAD_CELL=cell), \

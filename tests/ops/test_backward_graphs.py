@@ -16,6 +16,7 @@ SPECS = [(23, 8), (9, 20), (30, 4)]
 FTM = [0, 1, 2, 0]
 GRAPHED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=False)  # the gradient copied into the graph
 IN_PLACE = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True)
+FILLED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True, graph_fill=True)  # inputs filled in the graph
 EAGER = RunsLaunch(graph_max_ids=0)
 
 
@@ -112,6 +113,44 @@ def test_gradient_read_in_place_changes_nothing(optimizer, pooling, weighted):
     assert entries and all(e.grad_cell is not None and e.grad_output.numel() == 0 for e in entries)
 
 
+@pytest.mark.parametrize("optimizer, dtype, pooling, weighted, index_dtype",
+                         [("EXACT_ROWWISE_ADAGRAD", "FP32", "SUM", False, torch.int64),
+                          ("LAMB", "FP16", "MEAN", True, torch.int32)])  # fmt: skip
+def test_inputs_filled_inside_the_graph_change_nothing(optimizer, dtype, pooling, weighted, index_dtype):
+    """``graph_fill``: one step vector copied a step (the inputs' addresses, the id count,
+    the hyperparameters) and a kernel that fills the buffers from it give bitwise the plain
+    step, batches of different sizes in one bucket (the padding zeroed again each step),
+    int32 and int64 ids, per-sample-weight gradients, fp16 stochastic rounding (its seed read
+    from the vector) and a learning rate changed every step."""
+    kwargs = {"stochastic_rounding": True} if dtype == "FP16" else {}
+    plain, filled = (build(optimizer, dtype, pooling, **kwargs) for _ in range(2))
+    filled.backward_launch = FILLED
+    filled.backward_graphs = BackwardGraphs(capture=False)
+    rows = [SPECS[t][0] for t in FTM]
+    counts = []
+    for step, max_len in enumerate((8, 3, 6)):  # the longest first: later steps find stale ids past their count
+        indices, offsets = make_bags(rows, B=5, max_len=max_len, seed=step, hot_fraction=0.5)
+        counts.append(indices.numel())
+        indices, offsets = indices.to(index_dtype), offsets.to(index_dtype)
+        psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)) if weighted else None
+        grad = None
+        grads = []
+        for emb in (plain, filled):
+            emb.set_learning_rate(0.05 / (step + 1))
+            weights = psw.clone().requires_grad_() if weighted else None
+            out = emb(indices, offsets, weights)
+            if grad is None:
+                grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(10 + step)).to(out.dtype)
+            out.backward(grad.clone())
+            grads.append(weights.grad if weighted else None)
+        assert (grads[0] is None and grads[1] is None) or torch.equal(*grads)
+    assert_bitwise_equal(plain, filled)
+    assert not torch.equal(plain.weights, build(optimizer, dtype, pooling, **kwargs).weights)  # it trained
+    entries = list(filled.backward_graphs._entries.values())
+    assert entries and all(e.step is not None and e.grad_cell.data_ptr() == e.step.data_ptr() + 24 for e in entries)
+    assert len(entries) == 1 and len(set(counts)) == 3  # one bucket's buffers, refilled for three id counts
+
+
 def test_kernels_read_the_gradient_at_the_cells_address(monkeypatch):
     """With a cell, the kernels read the gradient at the cell's address, not the tensor
     passed (which gives only shape, strides and type): zeros passed and the real gradient's
@@ -161,15 +200,18 @@ def test_least_recently_used_buckets_are_dropped():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("optimizer, dtype, weighted, in_place", [("EXACT_ROWWISE_ADAGRAD", "FP32", False, False),
-                                                                  ("ADAM", "FP16", True, False),
-                                                                  ("EXACT_ROWWISE_ADAGRAD", "FP32", True, True)])  # fmt: skip
-def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted, in_place):
+@pytest.mark.parametrize("optimizer, dtype, weighted, launch", [("EXACT_ROWWISE_ADAGRAD", "FP32", False, GRAPHED),
+                                                                ("ADAM", "FP16", True, GRAPHED),
+                                                                ("EXACT_ROWWISE_ADAGRAD", "FP32", True, IN_PLACE),
+                                                                ("ADAM", "FP16", True, FILLED)],
+                         ids=["copy", "copy-adam-fp16", "in-place", "filled-adam-fp16"])  # fmt: skip
+def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted, launch):
     """On the device: batches of B=512 (Zipf ids, two sizes sharing a bucket and one of
     another) through captured graphs give bitwise the eager step's tables, states and
     per-sample-weight gradients, with the learning rate changed every step (read by the
     graph from the device vector) and fp16 stochastic rounding (its seed likewise); also
-    with the graphs reading each step's output gradient (a new tensor every step) in place."""
+    with the graphs reading each step's output gradient (a new tensor every step) in place,
+    and with the inputs filled inside the graph (``graph_fill``)."""
     rows, dims = [100_000, 50_000, 20_000], [128, 64, 32]
     modules = []
     for graphed in (False, True):
@@ -177,7 +219,7 @@ def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted, i
                                               stochastic_rounding=dtype == "FP16", learning_rate=0.01, device="cuda")
         with torch.no_grad():
             emb.weights.copy_(torch.rand(emb.weights.shape, generator=torch.Generator().manual_seed(0)).cuda() - 0.5)
-        emb.backward_launch = (IN_PLACE if in_place else GRAPHED) if graphed else EAGER
+        emb.backward_launch = launch if graphed else EAGER
         modules.append(emb)
     generator = torch.Generator().manual_seed(1)
     for step, L in enumerate((20, 21, 20, 9, 20)):

@@ -51,6 +51,7 @@ BUCKET_MULTIPLE = 1024
 # hyperparameters (``HYPER_FIELDS``) as fp64, read by the kernels through a float64 view.
 STEP_WORDS = ("indices", "offsets", "per_sample_weights", "grad_output", "num_indices")
 STEP_LEN = len(STEP_WORDS) + len(HYPER_FIELDS)
+GRAD_WORD = STEP_WORDS.index("grad_output")  # the gradient cell is this word of the vector
 FILL_BLOCK = 1024
 
 
@@ -254,7 +255,7 @@ class BackwardGraphs:
             grad_output=grad_output.new_empty(0) if in_place else torch.empty_like(grad_output),
             hyper=step[words:].view(torch.float64) if fill else torch.empty(len(HYPER_FIELDS), dtype=torch.float64,
                                                                             device=device),
-            grad_cell=(step[3:4] if fill else torch.zeros(1, dtype=torch.int64, device=device)) if in_place else None,
+            grad_cell=(step[GRAD_WORD:GRAD_WORD + 1] if fill else torch.zeros(1, dtype=torch.int64, device=device)) if in_place else None,
             step=step,
         )  # fmt: skip
 

@@ -109,68 +109,79 @@ def shape_workload(spec, E) -> Workload:
     return Workload("tune", tables, B, weights_precision=precision)
 
 
-def tune_shape(name, workload: Workload, budget, tile_class=None, extra=()):
-    """The sweep of one shape; ``tile_class`` = (tile, features): only those features'
-    launch (the module launches once per tile class, ``pooled_tile_classes``), its
-    candidates sized for that tile and checked on those features' columns."""
+def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
+    """The sweep of one shape: a list of one entry, or with ``per_class`` one per tile class
+    of its features (``pooled_tile_classes``, from the batch's mean bag length as
+    ``launch_forward`` computes it: the module launches once per class), each class's
+    candidates sized for its rows and checked on its features' columns. ``extra``: configs
+    timed right after the heuristic's (none wider than a class's rows). The module and the
+    batch are built once for all classes."""
     B = workload.batch_size
     dims = [t.dim for t in workload.tables]
-    features = tile_class[1] if tile_class is not None else None
-    class_dims = [dims[f] for f in features] if features is not None else dims
     emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in workload.tables],
                                           weights_precision=workload.weights_precision.upper(),
                                           bounds_check_mode="WARNING", device="cuda")  # fmt: skip
     emb.init_embedding_weights_uniform(-1, 1)
     indices, offsets, _ = generate_batch(workload, seed=0, device="cuda")
-    L = max(1, round(indices.numel() / (offsets.numel() - 1)))  # the mean bag length, as the heuristic sees it
+    avg_len = indices.numel() / (offsets.numel() - 1)
+    L = max(1, round(avg_len))  # the mean bag length, as the heuristic sees it
     out = torch.empty(B, sum(dims), device="cuda")
     elem = emb.weights.element_size()
     reference = emb(indices, offsets)
-    starts = [sum(dims[:f]) for f in range(len(dims))]
-    columns = (torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in features]).cuda()
-               if features is not None else slice(None))  # fmt: skip
-    results = []
-    tables = [workload.tables[f] for f in features] if features is not None else workload.tables
-    longest = max(round(t.mean_pooling) for t in tables)
-    max_dim = tile_class[0] if tile_class is not None else max(dims)
-    first = production_first(max(class_dims), elem) if len({t.mean_pooling for t in workload.tables}) > 1 else ()
-    # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
-    bags, block_l, block_d, warps, stages, prefetch = pooled_launch_config(
-        L, max_dim, elem, workload.weights_precision == "bf16")
-    siblings = [(bags, block_l, block_d, warps, stages, prefetch),
-                (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch)]
-    extra = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))  # none wider than the rows
-    first = tuple(siblings) + tuple(c for c in (*extra, *first) if c not in siblings)
-    for cand in itertools.islice(candidates(longest, max(class_dims), elem, first), budget):
-        work = _work_items(emb.feature_dims, cand[2], emb.device, features)
-
-        def run(cand=cand, work=work):
-            forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, None,
-                         emb.bounds_check_status, 0, 1, emb._align, cand)  # fmt: skip
-
-        try:
-            run()
-            ok = torch.allclose(out[:, columns], reference[:, columns], atol=1e-3, rtol=1e-4)
-            ms = time_ms(run)
-        except Exception as error:  # a candidate that does not compile is just skipped
-            print(f"  {cand}: {type(error).__name__}", file=sys.stderr)
-            continue
-        results.append({"config": cand, "ms": ms, "ok": ok})
-    heuristic = siblings[0]
-    h_work = _work_items(emb.feature_dims, heuristic[2], emb.device, features)
-    h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
-                                        None, emb.bounds_check_status, 0, 1, emb._align, heuristic))
     with torch.no_grad():  # the module's own forward: a launch per column tile of mixed D
         module_ms = time_ms(lambda: emb(indices, offsets))
-    results.sort(key=lambda r: r["ms"])
-    row_bytes = _row_bytes(workload, offsets, elem, features)
+    starts = [sum(dims[:f]) for f in range(len(dims))]
+    mixed_pooling = len({t.mean_pooling for t in workload.tables}) > 1
+
+    def sweep(tile_class):
+        features = tile_class[1] if tile_class is not None else None
+        class_dims = [dims[f] for f in features] if features is not None else dims
+        columns = (torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in features]).cuda()
+                   if features is not None else slice(None))  # fmt: skip
+        tables = [workload.tables[f] for f in features] if features is not None else workload.tables
+        longest = max(round(t.mean_pooling) for t in tables)
+        max_dim = tile_class[0] if tile_class is not None else max(dims)
+        first = production_first(max(class_dims), elem) if mixed_pooling else ()
+        # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
+        bags, block_l, block_d, warps, stages, prefetch = pooled_launch_config(
+            L, max_dim, elem, workload.weights_precision == "bf16")
+        siblings = [(bags, block_l, block_d, warps, stages, prefetch),
+                    (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch)]
+        ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))
+        first = tuple(siblings) + tuple(c for c in (*ahead, *first) if c not in siblings)
+        results = []
+        for cand in itertools.islice(candidates(longest, max(class_dims), elem, first), budget):
+            work = _work_items(emb.feature_dims, cand[2], emb.device, features)
+
+            def run(cand=cand, work=work):
+                forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, None,
+                             emb.bounds_check_status, 0, 1, emb._align, cand)  # fmt: skip
+
+            try:
+                run()
+                ok = torch.allclose(out[:, columns], reference[:, columns], atol=1e-3, rtol=1e-4)
+                ms = time_ms(run)
+            except Exception as error:  # a candidate that does not compile is just skipped
+                print(f"  {cand}: {type(error).__name__}", file=sys.stderr)
+                continue
+            results.append({"config": cand, "ms": ms, "ok": ok})
+        heuristic = siblings[0]
+        h_work = _work_items(emb.feature_dims, heuristic[2], emb.device, features)
+        h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
+                                            None, emb.bounds_check_status, 0, 1, emb._align, heuristic))
+        results.sort(key=lambda r: r["ms"])
+        row_bytes = _row_bytes(workload, offsets, elem, features)
+        return {"shape": name, "tile_class": [max_dim, len(features)] if features is not None else None,
+                "class_dims": sorted(set(class_dims)), "heuristic": heuristic, "heuristic_ms": h_ms,
+                "heuristic_tbps": row_bytes / h_ms / 1e9, "module_ms": module_ms, "best": results[:8],
+                "best_tbps": row_bytes / results[0]["ms"] / 1e9 if results else None,
+                "candidates": len(results)}  # fmt: skip
+
+    groups = list(pooled_tile_classes(dims, wide_rows(avg_len, elem))) if per_class else []
+    entries = [sweep(group) for group in groups] if len(groups) > 1 else [sweep(None)]
     del emb
     torch.cuda.empty_cache()
-    return {"shape": name, "tile_class": [max_dim, len(features)] if features is not None else None,
-            "class_dims": sorted(set(class_dims)), "heuristic": heuristic, "heuristic_ms": h_ms,
-            "heuristic_tbps": row_bytes / h_ms / 1e9, "module_ms": module_ms, "best": results[:8],
-            "best_tbps": row_bytes / results[0]["ms"] / 1e9 if results else None,
-            "candidates": len(results)}  # fmt: skip
+    return entries
 
 
 def _row_bytes(workload: Workload, offsets: torch.Tensor, elem: int, features=None) -> int:
@@ -202,14 +213,7 @@ def main():
         if name not in SHAPES and name not in WORKLOADS:
             raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join([*SHAPES, *WORKLOADS])}")
         workload = WORKLOADS[name] if name in WORKLOADS else shape_workload(SHAPES[name], args.rows)
-        groups = [None]
-        if args.per_class:
-            dims = [t.dim for t in workload.tables]
-            lookups_per_bag = sum(t.mean_pooling for t in workload.tables) / len(workload.tables)
-            precision = workload.weights_precision
-            groups = list(pooled_tile_classes(dims, wide_rows(lookups_per_bag, 4 if precision == "fp32" else 2)))
-        for group in groups:
-            entry = tune_shape(name, workload, args.budget, group if len(groups) > 1 else None, first)
+        for entry in tune_shape(name, workload, args.budget, args.per_class, first):
             best = entry["best"][0] if entry["best"] else None
             print(f"{name} {entry['class_dims']}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms "
                   f"(module {entry['module_ms']:.4f}); best {best}", flush=True)  # fmt: skip

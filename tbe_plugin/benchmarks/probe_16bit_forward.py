@@ -29,17 +29,22 @@ def main() -> None:
         for precision in ("fp16", "bf16"):
             tables = tuple(TableWorkload(rows=1_000_000, dim=128, mean_pooling=20, pooling="fixed") for _ in range(32))
             workload = Workload("probe", tables, 8192, weights_precision=precision)
-            emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in tables], weights_precision=precision.upper(),
-                                                  bounds_check_mode="WARNING", device="cuda")  # fmt: skip
+            emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in tables],
+                                                  weights_precision=precision.upper(), bounds_check_mode="WARNING",
+                                                  device="cuda")  # fmt: skip
             emb.init_embedding_weights_uniform(-1, 1)
             indices, offsets, _ = generate_batch(workload, 0, "cuda")
             seen.clear()
             emb(indices, offsets)
             configs = list(seen)
+            def timed():
+                return triton.testing.do_bench(lambda: emb(indices, offsets), warmup=10, rep=100, return_mode="median")
+
             with torch.no_grad():
-                no_grad = triton.testing.do_bench(lambda: emb(indices, offsets), warmup=10, rep=100, return_mode="median")
-            grad = triton.testing.do_bench(lambda: emb(indices, offsets), warmup=10, rep=100, return_mode="median")
-            print(f"{precision} align {emb._align} configs {configs} no_grad {no_grad:.4f} grad {grad:.4f} ms", flush=True)
+                no_grad = timed()
+            grad = timed()
+            print(f"{precision} align {emb._align} configs {configs} no_grad {no_grad:.4f} grad {grad:.4f} ms",
+                  flush=True)
     finally:
         forward.forward_into = launch
 

@@ -52,6 +52,10 @@ BUCKET_MULTIPLE = 1024
 STEP_WORDS = ("indices", "offsets", "per_sample_weights", "grad_output", "num_indices")
 STEP_LEN = len(STEP_WORDS) + len(HYPER_FIELDS)
 GRAD_WORD = STEP_WORDS.index("grad_output")  # the gradient cell is this word of the vector
+_IDS_WORD = tl.constexpr(STEP_WORDS.index("indices"))
+_OFFSETS_WORD = tl.constexpr(STEP_WORDS.index("offsets"))
+_PSW_WORD = tl.constexpr(STEP_WORDS.index("per_sample_weights"))
+_COUNT_WORD = tl.constexpr(STEP_WORDS.index("num_indices"))
 FILL_BLOCK = 1024
 
 
@@ -63,16 +67,16 @@ def _graph_fill_kernel(step_ptr, indices_ptr, offsets_ptr, psw_ptr, bucket, num_
     graph's buffers, read from the addresses in the step vector (``STEP_WORDS``) as pointers
     of the buffers' types."""
     pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    n = tl.load(step_ptr + 4)
+    n = tl.load(step_ptr + _COUNT_WORD)
     real = pos < n
     in_bucket = pos < bucket
-    source = tl.load(step_ptr).to(indices_ptr.dtype)
+    source = tl.load(step_ptr + _IDS_WORD).to(indices_ptr.dtype)
     tl.store(indices_ptr + pos, tl.load(source + pos, mask=real, other=0), mask=in_bucket)
     if WEIGHTED:
-        source = tl.load(step_ptr + 2).to(psw_ptr.dtype)
+        source = tl.load(step_ptr + _PSW_WORD).to(psw_ptr.dtype)
         tl.store(psw_ptr + pos, tl.load(source + pos, mask=real, other=0.0), mask=in_bucket)
     is_offset = pos < num_offsets
-    source = tl.load(step_ptr + 1).to(offsets_ptr.dtype)
+    source = tl.load(step_ptr + _OFFSETS_WORD).to(offsets_ptr.dtype)
     bounds = tl.load(source + pos, mask=is_offset, other=0)
     bounds = tl.minimum(tl.maximum(bounds, 0), n.to(bounds.dtype))
     tl.store(offsets_ptr + pos, bounds, mask=is_offset)
@@ -255,7 +259,8 @@ class BackwardGraphs:
             grad_output=grad_output.new_empty(0) if in_place else torch.empty_like(grad_output),
             hyper=step[words:].view(torch.float64) if fill else torch.empty(len(HYPER_FIELDS), dtype=torch.float64,
                                                                             device=device),
-            grad_cell=(step[GRAD_WORD:GRAD_WORD + 1] if fill else torch.zeros(1, dtype=torch.int64, device=device)) if in_place else None,
+            grad_cell=None if not in_place else step[GRAD_WORD:GRAD_WORD + 1] if fill else torch.zeros(
+                1, dtype=torch.int64, device=device),
             step=step,
         )  # fmt: skip
 

@@ -187,6 +187,9 @@ class RunsLaunch:
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
         if self.piece_order and not self.piece_records:
             raise ValueError("RunsLaunch.piece_order needs piece_records=True (it orders the per-piece records)")
+        if self.graph_fill and not self.graph_grad_in_place:
+            raise ValueError("RunsLaunch.graph_fill needs graph_grad_in_place=True (its step vector holds the "
+                             "gradient's address)")
         if self.graph_max_ids < 0:
             raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
         if self.piece_programs_per_sm < 0:

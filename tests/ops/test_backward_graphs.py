@@ -95,6 +95,8 @@ def test_when_the_padded_path_applies():
     assert not BackwardGraphs(capture=True).applies(RunsLaunch(graph_max_ids=10), ids, offsets)  # CPU: no graphs
     with pytest.raises(ValueError, match="graph_max_ids"):
         RunsLaunch(graph_max_ids=-1)
+    with pytest.raises(ValueError, match="graph_fill needs graph_grad_in_place"):
+        RunsLaunch(graph_fill=True, graph_grad_in_place=False)
     with pytest.raises(ValueError, match="max_graphs"):
         BackwardGraphs(max_graphs=0)
 

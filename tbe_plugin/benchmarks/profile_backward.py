@@ -73,18 +73,20 @@ CANDIDATES = {
     "records_unroll8_p20": _launch(piece_records=True, piece_unroll=8, piece_programs_per_sm=20),
     # Graphs that read the output gradient in place (no copy into the graph's buffer), up to
     # 2**20 ids and up to 2**22 (l1's 2.1M ids, wide-d512's 2.6M).
-    "graphs_in_place": _launch(graph_grad_in_place=True),
+    "graphs_in_place": _launch(graph_grad_in_place=True, graph_fill=False),
     # The output gradient copied into the graph's buffer (the default until ccbc90c), up to
     # 2**20 and 2**22 ids: is the graphed pieces kernel's slowdown the cell's or the graph's?
-    "graphs_copy": _launch(graph_grad_in_place=False),
-    "graphs4m_copy": _launch(graph_grad_in_place=False, graph_max_ids=1 << 22),
+    "graphs_copy": _launch(graph_grad_in_place=False, graph_fill=False),
+    "graphs4m_copy": _launch(graph_grad_in_place=False, graph_fill=False, graph_max_ids=1 << 22),
     "graphs4m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 22),
     # ... up to 2**24 (uniform b8192's 5.2M ids, l100's 26M stay eager) and 2**26 (every
     # suite config, b65536's 41.9M ids included): no host path left but the graph's fill.
     "graphs16m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 24),
     "graphs64m_in_place": _launch(graph_grad_in_place=True, graph_max_ids=1 << 26),
-    # The step's inputs filled inside the graph from one copied vector of addresses (RunsLaunch.graph_fill).
+    # The step's inputs filled inside the graph from one copied vector of addresses (RunsLaunch.graph_fill,
+    # the default since it was timed at daec3fa) and, as before, by ~6 launches before the replay.
     "graphs_fill": _launch(graph_fill=True),
+    "graphs_nofill": _launch(graph_fill=False),
 }
 
 

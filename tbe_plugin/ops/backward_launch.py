@@ -162,14 +162,15 @@ class RunsLaunch:
     batches in place did not pay there: the pieces kernel ran 2-9% slower graphed than
     eager (l1, no padding: 1.15 -> 1.25 ms; b8192 2.41 -> 2.57, ctr-mix 2.73 -> 2.90;
     the same SASS but for the cell's load), so graph_max_ids stays 2**20."""
-    graph_fill: bool = False
-    """Candidate (off; CPU-tested, not timed): with ``graph_grad_in_place``, a step's host work
-    before the replay is one small copy (the addresses of its ids, offsets, per-sample weights
-    and output gradient, its id count and hyperparameters, into the graph's step vector)
-    instead of ~6 launches (ids, padding, offsets, weights, cell, hyperparameters); a kernel
-    inside the graph copies the ids, offsets and weights into its buffers from those
-    addresses. On the H200 at bcfddd2 the fill took 0.2-0.25 ms of the 0.63-0.73 ms of host
-    time a small backward spends (FBGEMM's standard B=512, user-id; ``host_profile``)."""
+    graph_fill: bool = True
+    """With ``graph_grad_in_place``: a step's host work before the replay is one small copy
+    (the addresses of its ids, offsets, per-sample weights and output gradient, its id count
+    and hyperparameters, into the graph's step vector) instead of ~6 launches (ids, padding,
+    offsets, weights, cell, hyperparameters); a kernel inside the graph copies the ids,
+    offsets and weights into its buffers from those addresses. H200 at daec3fa
+    (``profile_backward``, wall ms of a backward, FBGEMM's beside): FBGEMM's standard B=512
+    0.893 -> 0.645 (FBGEMM 0.795), user-id 0.941 -> 0.558 (FBGEMM 0.859); ``host_profile``:
+    host time until the backward returns 0.55 -> 0.37 and 0.60 -> 0.40 ms."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the
@@ -189,7 +190,7 @@ class RunsLaunch:
             raise ValueError("RunsLaunch.piece_order needs piece_records=True (it orders the per-piece records)")
         if self.graph_fill and not self.graph_grad_in_place:
             raise ValueError("RunsLaunch.graph_fill needs graph_grad_in_place=True (its step vector holds the "
-                             "gradient's address)")
+                             "gradient's address); with graph_grad_in_place=False set graph_fill=False too")
         if self.graph_max_ids < 0:
             raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
         if self.piece_programs_per_sm < 0:

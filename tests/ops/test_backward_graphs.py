@@ -14,8 +14,8 @@ from tests.helpers import assert_bitwise_equal, make_bags
 
 SPECS = [(23, 8), (9, 20), (30, 4)]
 FTM = [0, 1, 2, 0]
-GRAPHED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=False)  # the gradient copied into the graph
-IN_PLACE = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True)
+GRAPHED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=False, graph_fill=False)  # gradient copied in
+IN_PLACE = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True, graph_fill=False)  # filled by launches
 FILLED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True, graph_fill=True)  # inputs filled in the graph
 EAGER = RunsLaunch(graph_max_ids=0)
 

@@ -22,6 +22,7 @@ from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
+from tbe_plugin.ops import radix_sort as radix  # noqa: E402
 from tbe_plugin.ops.common import vector_alignment  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -49,6 +50,10 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys
         elif fn.__name__ == "_graph_fill_kernel" and name in ("indices_ptr", "offsets_ptr"):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
+        elif name in ("values_in_ptr", "values_out_ptr"):
+            sig[name] = keys  # radix_sort: int32 or int64 values beside int32 keys
+        elif name in ("keys_ptr", "keys_in_ptr", "keys_out_ptr", "hist_ptr", "starts_ptr"):
+            sig[name] = "*i32"
         elif name in FLOAT_POINTERS:
             sig[name] = "*fp32"
         elif name in INT32_POINTERS or name in INT32_POINTERS_MORE:
@@ -203,6 +208,10 @@ def variants():
         backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
     for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
+    yield radix._tile_histogram_kernel, dict(RADIX=256, TILE=radix.TILE), radix.TILE_WARPS, "*fp32", "*i32"
+    for values in ("*i32", "*i64"):
+        yield radix._tile_scatter_kernel, dict(RADIX=256, TILE=radix.TILE, LOG_TILE=radix.TILE.bit_length() - 1), \
+            radix.TILE_WARPS, "*fp32", values  # fmt: skip
     psw = dict(backward.PSW_CONFIG)
     for cell in (False, True):
         yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128, GRAD_CELL=cell), \

@@ -1,0 +1,120 @@
+"""A stable LSD radix sort of non-negative int32 keys with int32 or int64 values, in Triton.
+
+The backward sorts the global rows of a batch's ids (``embedding_backward``). ``torch.sort``
+sorts all 32 bits of an int32 key (four 8-bit passes, ``cub``'s onesweep) and carries an
+int64 position it fills itself (an arange, and a copy of the keys: two more passes over the
+batch). The rows of every table together need fewer bits (22 for 3.2M rows), and the
+backward wants the id's bag beside its row, not its position. ``sort_pairs`` sorts only the
+key bits asked for, ``digit_bits`` a pass, and carries the values it is given. A pass:
+
+1. ``_tile_histogram_kernel``: per tile of TILE positions, how many keys have each digit;
+   stored digit-major (``hist[digit * tiles + tile]``).
+2. An exclusive cumulative sum over that vector: where each (digit, tile) writes its keys.
+3. ``_tile_scatter_kernel``: per tile, the keys sorted by (digit, position in the tile)
+   (``tl.sort`` of one packed int32 each: a key's rank among the tile's keys of its digit is
+   its place in that order less the digit's first place), each key and value written at its
+   (digit, tile) start plus that rank.
+
+Stable (each pass keeps the order of equal digits: tiles in order, positions within a tile
+in order), hence bitwise the order ``torch.sort(stable=True)`` gives. No atomics.
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+TILE = 4096
+"""Keys a program sorts per pass (a power of two)."""
+DIGIT_BITS = 8
+"""Most key bits a pass sorts; fewer when that takes no more passes (``pass_bits``)."""
+TILE_WARPS = 8
+
+
+@triton.jit
+def _tile_histogram_kernel(keys_ptr, hist_ptr, n, shift, tiles, RADIX: tl.constexpr, TILE: tl.constexpr):
+    """This tile's count of keys per digit ((key >> shift) % RADIX), at hist[digit * tiles + tile]."""
+    tile = tl.program_id(0)
+    pos = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+    inside = pos < n
+    key = tl.load(keys_ptr + pos, mask=inside, other=0)
+    counts = tl.histogram((key >> shift) & (RADIX - 1), RADIX, mask=inside)
+    tl.store(hist_ptr + tl.arange(0, RADIX).to(tl.int64) * tiles + tile, counts)
+
+
+@triton.jit
+def _tile_scatter_kernel(
+    keys_in_ptr, values_in_ptr, keys_out_ptr, values_out_ptr, starts_ptr, n, shift, tiles,
+    RADIX: tl.constexpr, TILE: tl.constexpr, LOG_TILE: tl.constexpr,
+):  # fmt: skip
+    """This tile's keys and values written in (digit, position) order, each digit's run at
+    its start for this tile (``starts[digit * tiles + tile]``, the exclusive sums of the
+    histograms)."""
+    tile = tl.program_id(0)
+    j = tl.arange(0, TILE)
+    pos = tile.to(tl.int64) * TILE + j
+    inside = pos < n
+    key = tl.load(keys_in_ptr + pos, mask=inside, other=0)
+    value = tl.load(values_in_ptr + pos, mask=inside, other=0)
+    digit = tl.where(inside, (key >> shift) & (RADIX - 1), RADIX)  # past the end: after every digit
+    order = tl.sort((digit << LOG_TILE) | j)
+    sorted_digit = order >> LOG_TILE
+    source = order & (TILE - 1)
+    counts = tl.histogram(digit, RADIX, mask=inside)
+    # Where this tile's keys of each digit go, less the digit's first place in the tile's order.
+    base = tl.load(starts_ptr + tl.arange(0, RADIX).to(tl.int64) * tiles + tile) - (tl.cumsum(counts, 0) - counts)
+    live = sorted_digit < RADIX
+    dest = tl.gather(base, tl.minimum(sorted_digit, RADIX - 1), 0).to(tl.int64) + j
+    tl.store(keys_out_ptr + dest, tl.gather(key, source, 0), mask=live)
+    tl.store(values_out_ptr + dest, tl.gather(value, source, 0), mask=live)
+
+
+def pass_bits(key_bits: int, digit_bits: int = DIGIT_BITS) -> Tuple[int, ...]:
+    """The bits each pass sorts: as few passes of at most ``digit_bits`` as ``key_bits`` need,
+    the bits spread evenly (22 bits, 8 a pass: 8, 7, 7)."""
+    if key_bits <= 0:
+        return ()
+    passes = -(-key_bits // digit_bits)
+    low, extra = divmod(key_bits, passes)
+    return tuple(low + (1 if p < extra else 0) for p in range(passes))
+
+
+def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: int = TILE,
+               digit_bits: int = DIGIT_BITS) -> Tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``keys`` (int32, each in [0, 2**key_bits)) sorted stably, and ``values`` (int32 or
+    int64, one per key) in the same order: bitwise what ``torch.sort(keys, stable=True)``
+    and ``values[perm]`` give. Keys outside that range are not checked and sort wrong."""
+    if keys.dtype != torch.int32 or keys.dim() != 1:
+        raise ValueError(f"sort_pairs: keys must be a 1-D int32 tensor, got {keys.dtype} of {keys.dim()} dims")
+    if values.dtype not in (torch.int32, torch.int64) or values.shape != keys.shape:
+        raise ValueError(f"sort_pairs: values must be int32 or int64 of the keys' shape {tuple(keys.shape)}, got "
+                         f"{values.dtype} {tuple(values.shape)}")  # fmt: skip
+    if not 0 <= key_bits <= 31:
+        raise ValueError(f"sort_pairs: key_bits must be in [0, 31], got {key_bits}")
+    if tile < 2 or tile & (tile - 1):
+        raise ValueError(f"sort_pairs: tile must be a power of two >= 2, got {tile}")
+    n = keys.numel()
+    bits = pass_bits(key_bits, digit_bits)
+    if n <= 1 or not bits:
+        return keys.clone(), values.clone()
+    tiles = triton.cdiv(n, tile)
+    source = (keys.contiguous(), values.contiguous())  # never written: passes alternate two other pairs
+    pairs = [None, None]
+    shift = 0
+    for p, width in enumerate(bits):
+        if pairs[p % 2] is None:
+            pairs[p % 2] = (torch.empty_like(source[0]), torch.empty_like(source[1]))
+        target = pairs[p % 2]
+        radix = 1 << width
+        hist = torch.empty(radix * tiles, dtype=torch.int32, device=keys.device)
+        _tile_histogram_kernel[(tiles,)](source[0], hist, n, shift, tiles, RADIX=radix, TILE=tile,
+                                         num_warps=TILE_WARPS)  # fmt: skip
+        starts = torch.cumsum(hist, 0, dtype=torch.int32).sub_(hist)
+        _tile_scatter_kernel[(tiles,)](*source, *target, starts, n, shift, tiles, RADIX=radix, TILE=tile,
+                                       LOG_TILE=tile.bit_length() - 1, num_warps=TILE_WARPS)  # fmt: skip
+        shift += width
+        source = target
+    return source

@@ -87,6 +87,8 @@ CANDIDATES = {
     # the default since it was timed at daec3fa) and, as before, by ~6 launches before the replay.
     "graphs_fill": _launch(graph_fill=True),
     "graphs_nofill": _launch(graph_fill=False),
+    # The rows sorted by ops.radix_sort (only their bits, the bag carried) instead of torch.sort.
+    "radix": _launch(radix_sort=True),
 }
 
 

@@ -171,6 +171,12 @@ class RunsLaunch:
     (``profile_backward``, wall ms of a backward, FBGEMM's beside): FBGEMM's standard B=512
     0.893 -> 0.645 (FBGEMM 0.795), user-id 0.941 -> 0.558 (FBGEMM 0.859); ``host_profile``:
     host time until the backward returns 0.55 -> 0.37 and 0.60 -> 0.40 ms."""
+    radix_sort: bool = False
+    """Candidate (off; CPU-tested, not timed in the backward): the global rows sorted by
+    ``radix_sort.sort_pairs`` (only the bits that hold every row, the bag carried beside
+    each id when the bags are pooled and unscaled, else an int32 position) instead of
+    ``torch.sort`` (all 32 bits, an int64 position, then a gather of each id's bag). int64
+    rows (2**31 rows and more) keep ``torch.sort``."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

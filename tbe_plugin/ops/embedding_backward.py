@@ -57,6 +57,7 @@ from tbe_plugin.ops.backward_runs import (
     _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
+from tbe_plugin.ops.radix_sort import sort_pairs
 from tbe_plugin.ops.indexing import (
     _META_COLS,
     _META_DIM,
@@ -148,15 +149,22 @@ def _sorted_operands_kernel(
     perm_ptr, sorted_rows_ptr, bag_ptr, scale_ptr, feature_meta_ptr,
     sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     B, grad_stride, num_indices, sentinel, UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
+    SORTED_BAGS: tl.constexpr = False,
 ):  # fmt: skip
     """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
     where its row starts in the flat weights, its D, its output-gradient row (from its bag:
-    bag b of a feature reads row b, unpooled id p row p) and its factor."""
+    bag b of a feature reads row b, unpooled id p row p) and its factor. ``perm``: each
+    sorted id's position; with SORTED_BAGS (pooled, unscaled) its bag instead, sorted with
+    the rows (``radix_sort``): read in order, no gather."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
     valid = row != sentinel
-    p = tl.load(perm_ptr + q, mask=valid, other=0)
-    bag = tl.load(bag_ptr + p, mask=valid, other=0)  # int32 below 2**31 bags: 32-bit division
+    if SORTED_BAGS:
+        p = q  # unused: pooled and unscaled
+        bag = tl.load(perm_ptr + q, mask=valid, other=0)
+    else:
+        p = tl.load(perm_ptr + q, mask=valid, other=0)
+        bag = tl.load(bag_ptr + p, mask=valid, other=0)  # int32 below 2**31 bags: 32-bit division
     feature = bag // B
     meta = feature_meta_ptr + feature.to(tl.int64) * _META_COLS
     dim = tl.load(meta + _META_DIM, mask=valid, other=0)
@@ -307,7 +315,11 @@ def backward_update(
     if grad_cell is not None and launch.design != "pieces":
         raise ValueError(f"backward_update: grad_cell is for the pieces design, not {launch.design!r}")
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
-    sentinel = torch.iinfo(key_dtype).max  # ids outside every bag: sorted last, skipped
+    radix = launch.radix_sort and key_dtype == torch.int32
+    # Ids outside every bag: sorted last, skipped. The radix sort sorts only the bits that
+    # hold every row and the sentinel, the least all-ones value above the rows.
+    key_bits = max(1, int(total_rows).bit_length())
+    sentinel = (1 << key_bits) - 1 if radix else torch.iinfo(key_dtype).max
     mean = pooling == Pooling.MEAN
     weighted = per_sample_weights is not None
     scaled = mean or weighted
@@ -329,7 +341,16 @@ def backward_update(
             psw_grad, B, N, sentinel, _cell_argument(grad_cell, grad_output), MEAN=mean, BLOCK_D=min(block_d, 128),
             GRAD_CELL=grad_cell is not None, **PSW_CONFIG,
         )  # fmt: skip
-    sorted_rows, perm = torch.sort(rows, stable=True)
+    # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
+    # needs of an id) or their position, int32 where it fits.
+    sorted_bags = radix and pooling != Pooling.NONE and not scaled
+    if sorted_bags:
+        sorted_rows, perm = sort_pairs(rows, bags, key_bits)
+    elif radix:
+        positions = torch.arange(N, dtype=torch.int32 if N < 2**31 else torch.int64, device=device)
+        sorted_rows, perm = sort_pairs(rows, positions, key_bits)
+    else:
+        sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
     sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
@@ -337,7 +358,7 @@ def backward_update(
     _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         B, grad_output.stride(0), N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
-        BLOCK=SORTED_OPERANDS_BLOCK, num_warps=SORTED_OPERANDS_WARPS,
+        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2

@@ -21,7 +21,7 @@ in order), hence bitwise the order ``torch.sort(stable=True)`` gives. No atomics
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -82,11 +82,13 @@ def pass_bits(key_bits: int, digit_bits: int = DIGIT_BITS) -> Tuple[int, ...]:
     return tuple(low + (1 if p < extra else 0) for p in range(passes))
 
 
-def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: int = TILE,
+def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: Optional[int] = None,
                digit_bits: int = DIGIT_BITS) -> Tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``keys`` (int32, each in [0, 2**key_bits)) sorted stably, and ``values`` (int32 or
     int64, one per key) in the same order: bitwise what ``torch.sort(keys, stable=True)``
-    and ``values[perm]`` give. Keys outside that range are not checked and sort wrong."""
+    and ``values[perm]`` give. Keys outside that range are not checked and sort wrong.
+    ``tile``: keys a program sorts (``TILE`` when None)."""
+    tile = TILE if tile is None else tile
     if keys.dtype != torch.int32 or keys.dim() != 1:
         raise ValueError(f"sort_pairs: keys must be a 1-D int32 tensor, got {keys.dtype} of {keys.dim()} dims")
     if values.dtype not in (torch.int32, torch.int64) or values.shape != keys.shape:

@@ -46,8 +46,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="5242880,15379196,41943040")
     parser.add_argument("--bits", default="22,25")
     parser.add_argument("--alpha", type=float, default=1.2)
-    parser.add_argument("--variants", default="4096x8x8,2048x8x8,4096x16x8,8192x16x8,4096x8x9",
-                        help="TILExWARPSxDIGIT_BITS of the scatter and histogram kernels")
+    parser.add_argument("--variants", default="4096x8x8x256,8192x8x8x256,4096x4x8x128,4096x8x8x512,4096x8x9x256",
+                        help="TILExWARPSxDIGIT_BITSxSUB_TILE of the scatter and histogram kernels")
     args = parser.parse_args()
     generator = torch.Generator(device="cuda").manual_seed(0)
     results = []
@@ -62,8 +62,8 @@ def main() -> None:
                          "torch_sort_ms": triton.testing.do_bench(lambda: values[torch.sort(keys, stable=True)[1]]),
                          "variants": {}}  # fmt: skip
                 for variant in args.variants.split(","):
-                    tile, warps, digit = (int(x) for x in variant.split("x"))
-                    radix.TILE_WARPS = warps
+                    tile, warps, digit, sub = (int(x) for x in variant.split("x"))
+                    radix.TILE_WARPS, radix.SUB_TILE = warps, sub
                     out_keys, out_values = radix.sort_pairs(keys, values, bits, tile=tile, digit_bits=digit)
                     ok = torch.equal(out_keys, ref_keys) and torch.equal(out_values, ref_values)
                     ms = triton.testing.do_bench(lambda: radix.sort_pairs(keys, values, bits, tile=tile,

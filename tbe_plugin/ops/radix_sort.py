@@ -10,10 +10,10 @@ key bits asked for, ``digit_bits`` a pass, and carries the values it is given. A
 1. ``_tile_histogram_kernel``: per tile of TILE positions, how many keys have each digit;
    stored digit-major (``hist[digit * tiles + tile]``).
 2. An exclusive cumulative sum over that vector: where each (digit, tile) writes its keys.
-3. ``_tile_scatter_kernel``: per tile, the keys sorted by (digit, position in the tile)
-   (``tl.sort`` of one packed int32 each: a key's rank among the tile's keys of its digit is
-   its place in that order less the digit's first place), each key and value written at its
-   (digit, tile) start plus that rank.
+3. ``_tile_scatter_kernel``: per tile, SUB_TILE keys at a time, the keys sorted by (digit,
+   position) (``tl.sort`` of one packed int32 each: a key's rank among the sub-block's keys
+   of its digit is its place in that order less the digit's first place), each key and
+   value written at its digit's next place in the tile's run.
 
 Stable (each pass keeps the order of equal digits: tiles in order, positions within a tile
 in order), hence bitwise the order ``torch.sort(stable=True)`` gives. No atomics.
@@ -32,6 +32,8 @@ TILE = 4096
 DIGIT_BITS = 8
 """Most key bits a pass sorts; fewer when that takes no more passes (``pass_bits``)."""
 TILE_WARPS = 8
+SUB_TILE = 256
+"""Keys the scatter kernel ranks at a time (``tl.sort``'s cost grows with the keys a thread holds)."""
 
 
 @triton.jit
@@ -48,28 +50,34 @@ def _tile_histogram_kernel(keys_ptr, hist_ptr, n, shift, tiles, RADIX: tl.conste
 @triton.jit
 def _tile_scatter_kernel(
     keys_in_ptr, values_in_ptr, keys_out_ptr, values_out_ptr, starts_ptr, n, shift, tiles,
-    RADIX: tl.constexpr, TILE: tl.constexpr, LOG_TILE: tl.constexpr,
+    RADIX: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, LOG_SUB: tl.constexpr,
 ):  # fmt: skip
     """This tile's keys and values written in (digit, position) order, each digit's run at
     its start for this tile (``starts[digit * tiles + tile]``, the exclusive sums of the
-    histograms)."""
+    histograms). SUB keys at a time, in order: each sub-block's keys ranked by a
+    ``tl.sort`` of SUB packed (digit, place) values, placed after the tile's keys of their
+    digit written before (a running count per digit)."""
     tile = tl.program_id(0)
-    j = tl.arange(0, TILE)
-    pos = tile.to(tl.int64) * TILE + j
-    inside = pos < n
-    key = tl.load(keys_in_ptr + pos, mask=inside, other=0)
-    value = tl.load(values_in_ptr + pos, mask=inside, other=0)
-    digit = tl.where(inside, (key >> shift) & (RADIX - 1), RADIX)  # past the end: after every digit
-    order = tl.sort((digit << LOG_TILE) | j)
-    sorted_digit = order >> LOG_TILE
-    source = order & (TILE - 1)
-    counts = tl.histogram(digit, RADIX, mask=inside)
-    # Where this tile's keys of each digit go, less the digit's first place in the tile's order.
-    base = tl.load(starts_ptr + tl.arange(0, RADIX).to(tl.int64) * tiles + tile) - (tl.cumsum(counts, 0) - counts)
-    live = sorted_digit < RADIX
-    dest = tl.gather(base, tl.minimum(sorted_digit, RADIX - 1), 0).to(tl.int64) + j
-    tl.store(keys_out_ptr + dest, tl.gather(key, source, 0), mask=live)
-    tl.store(values_out_ptr + dest, tl.gather(value, source, 0), mask=live)
+    nxt = tl.load(starts_ptr + tl.arange(0, RADIX).to(tl.int64) * tiles + tile)  # each digit's next place
+    j = tl.arange(0, SUB)
+    for sub in tl.range(0, TILE, SUB):
+        pos = tile.to(tl.int64) * TILE + sub + j
+        inside = pos < n
+        key = tl.load(keys_in_ptr + pos, mask=inside, other=0)
+        value = tl.load(values_in_ptr + pos, mask=inside, other=0)
+        digit = tl.where(inside, (key >> shift) & (RADIX - 1), RADIX)  # past the end: after every digit
+        order = tl.sort((digit << LOG_SUB) | j)
+        sorted_digit = order >> LOG_SUB
+        source = order & (SUB - 1)
+        counts = tl.histogram(digit, RADIX, mask=inside)
+        # A key's place: its digit's next place, plus its rank among the sub-block's keys of
+        # that digit (its place in the sorted order less the digit's first place there).
+        base = nxt - (tl.cumsum(counts, 0) - counts)
+        live = sorted_digit < RADIX
+        dest = tl.gather(base, tl.minimum(sorted_digit, RADIX - 1), 0).to(tl.int64) + j
+        tl.store(keys_out_ptr + dest, tl.gather(key, source, 0), mask=live)
+        tl.store(values_out_ptr + dest, tl.gather(value, source, 0), mask=live)
+        nxt += counts
 
 
 def pass_bits(key_bits: int, digit_bits: int = DIGIT_BITS) -> Tuple[int, ...]:
@@ -115,8 +123,9 @@ def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: Op
         _tile_histogram_kernel[(tiles,)](source[0], hist, n, shift, tiles, RADIX=radix, TILE=tile,
                                          num_warps=TILE_WARPS)  # fmt: skip
         starts = torch.cumsum(hist, 0, dtype=torch.int32).sub_(hist)
-        _tile_scatter_kernel[(tiles,)](*source, *target, starts, n, shift, tiles, RADIX=radix, TILE=tile,
-                                       LOG_TILE=tile.bit_length() - 1, num_warps=TILE_WARPS)  # fmt: skip
+        sub = min(SUB_TILE, tile)
+        _tile_scatter_kernel[(tiles,)](*source, *target, starts, n, shift, tiles, RADIX=radix, TILE=tile, SUB=sub,
+                                       LOG_SUB=sub.bit_length() - 1, num_warps=TILE_WARPS)  # fmt: skip
         shift += width
         source = target
     return source

@@ -210,8 +210,8 @@ def variants():
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
     yield radix._tile_histogram_kernel, dict(RADIX=256, TILE=radix.TILE), radix.TILE_WARPS, "*fp32", "*i32"
     for values in ("*i32", "*i64"):
-        yield radix._tile_scatter_kernel, dict(RADIX=256, TILE=radix.TILE, LOG_TILE=radix.TILE.bit_length() - 1), \
-            radix.TILE_WARPS, "*fp32", values  # fmt: skip
+        sub = dict(SUB=radix.SUB_TILE, LOG_SUB=radix.SUB_TILE.bit_length() - 1)
+        yield radix._tile_scatter_kernel, dict(RADIX=256, TILE=radix.TILE, **sub), radix.TILE_WARPS, "*fp32", values
     psw = dict(backward.PSW_CONFIG)
     for cell in (False, True):
         yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128, GRAD_CELL=cell), \

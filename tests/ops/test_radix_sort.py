@@ -29,13 +29,16 @@ def test_pass_bits_spread_the_key_bits():
 
 
 @pytest.mark.parametrize(
-    "n, bits, tile, values_dtype",
-    [(300, 9, 64, torch.int64), (257, 16, 32, torch.int32), (64, 3, 64, torch.int32), (5, 20, 8, torch.int64)],
-    ids=["two-passes-int64", "tail-tile-int32", "one-tile-many-ties", "fewer-keys-than-a-tile"],
-)
-def test_sort_pairs_is_torch_stable_sort(n, bits, tile, values_dtype):
+    "n, bits, tile, sub, values_dtype",
+    [(300, 9, 64, 16, torch.int64), (257, 16, 32, 32, torch.int32), (64, 3, 64, 8, torch.int32),
+     (5, 20, 8, 256, torch.int64)],
+    ids=["two-passes-sub-blocks-int64", "tail-tile-int32", "one-tile-many-ties", "fewer-keys-than-a-tile"],
+)  # fmt: skip
+def test_sort_pairs_is_torch_stable_sort(monkeypatch, n, bits, tile, sub, values_dtype):
     """Keys and values in torch's stable order, bit for bit: many equal keys (their values
-    keep the input order), a last tile part full; the inputs left as they were."""
+    keep the input order), tiles ranked in sub-blocks, a last tile part full; the inputs
+    left as they were."""
+    monkeypatch.setattr(radix_sort, "SUB_TILE", sub)
     g = torch.Generator().manual_seed(n)
     keys = torch.randint(0, min(1 << bits, n // 3 + 2), (n,), generator=g, dtype=torch.int32)
     keys[::7] = (1 << bits) - 1  # the largest key (the backward's sentinel)

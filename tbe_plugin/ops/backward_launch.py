@@ -172,11 +172,14 @@ class RunsLaunch:
     0.893 -> 0.645 (FBGEMM 0.795), user-id 0.941 -> 0.558 (FBGEMM 0.859); ``host_profile``:
     host time until the backward returns 0.55 -> 0.37 and 0.60 -> 0.40 ms."""
     radix_sort: bool = False
-    """Candidate (off; CPU-tested, not timed in the backward): the global rows sorted by
-    ``radix_sort.sort_pairs`` (only the bits that hold every row, the bag carried beside
-    each id when the bags are pooled and unscaled, else an int32 position) instead of
-    ``torch.sort`` (all 32 bits, an int64 position, then a gather of each id's bag). int64
-    rows (2**31 rows and more) keep ``torch.sort``."""
+    """Candidate (off: slower): the global rows sorted by ``radix_sort.sort_pairs`` (only the
+    bits that hold every row, the bag carried beside each id when the bags are pooled and
+    unscaled, else an int32 position) instead of ``torch.sort`` (all 32 bits, an int64
+    position, then a gather of each id's bag). int64 rows (2**31 rows and more) keep
+    ``torch.sort``. CPU-tested bitwise; not timed in the backward, because the sort alone
+    lost: H200 (``probe_radix_sort``, 41.9M keys of 22 bits with an int32 value, ms) 4.4-4.7
+    against 2.8 for ``torch.sort`` and the gather at a541e15, 6.9-14.5 at 161f483 (a
+    ``tl.sort`` of each whole tile); 5.2M keys 0.55-0.70 against 0.34-0.36."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

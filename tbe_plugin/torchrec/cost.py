@@ -135,8 +135,9 @@ class KernelSpeed:
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)
 
 
-KERNEL_BENCHMARK = "backward_h200_72a90d0.json"
-"""The backward suite measured on an H200 at 72a90d0 (pieces backward, graphs in place up to 2**20 ids, the forward's wide-row and 16-bit tiles; results/NOTES_2026-12-03.md)."""
+KERNEL_BENCHMARK = "backward_h200_0a38137.json"
+"""The backward suite measured on an H200 at 0a38137 (pieces backward, graphs in place with their inputs filled
+in the graph up to 2**20 ids, the forward's wide-row and 16-bit tiles; results/NOTES_2026-12-03.md)."""
 
 
 def default_kernel_benchmark() -> str:

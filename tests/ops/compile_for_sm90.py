@@ -50,6 +50,8 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys
         elif fn.__name__ == "_graph_fill_kernel" and name in ("indices_ptr", "offsets_ptr"):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
+        elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
+            sig[name] = "*i32"  # the bags, sorted beside the rows (RunsLaunch.radix_sort)
         elif name in ("values_in_ptr", "values_out_ptr"):
             sig[name] = keys  # radix_sort: int32 or int64 values beside int32 keys
         elif name in ("keys_ptr", "keys_in_ptr", "keys_out_ptr", "hist_ptr", "starts_ptr"):
@@ -204,8 +206,9 @@ def variants():
     for keys in ("*i32", "*i64"):
         yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
-    yield backward._sorted_operands_kernel, dict(UNPOOLED=False, SCALED=True, BLOCK=backward.SORTED_OPERANDS_BLOCK), \
-        backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"  # fmt: skip
+    for scaled, sorted_bags in ((True, False), (False, True)):
+        operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags)
+        yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"
     for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
     yield radix._tile_histogram_kernel, dict(RADIX=256, TILE=radix.TILE), radix.TILE_WARPS, "*fp32", "*i32"

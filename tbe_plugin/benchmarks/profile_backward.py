@@ -87,8 +87,6 @@ CANDIDATES = {
     # the default since it was timed at daec3fa) and, as before, by ~6 launches before the replay.
     "graphs_fill": _launch(graph_fill=True),
     "graphs_nofill": _launch(graph_fill=False),
-    # ... the step vector packed into one of 4 pinned vectors kept for it, not pinned a step.
-    "graphs_ring": _launch(graph_step_ring=4),
     # The rows sorted by ops.radix_sort (only their bits, the bag carried) instead of torch.sort.
     "radix": _launch(radix_sort=True),
 }

@@ -82,49 +82,16 @@ def _graph_fill_kernel(step_ptr, indices_ptr, offsets_ptr, psw_ptr, bucket, num_
     tl.store(offsets_ptr + pos, bounds, mask=is_offset)
 
 
-STEP_FORMAT = f"<{len(STEP_WORDS)}q{len(HYPER_FIELDS)}d"  # the step vector's bytes (struct)
-
-
-def _step_values(indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor],
-                 grad_output: torch.Tensor, args: OptimizerArgs) -> tuple:  # fmt: skip
-    """The step vector's values, in ``STEP_FORMAT``'s order."""
-    return (indices.data_ptr(), offsets.data_ptr(), per_sample_weights.data_ptr() if per_sample_weights is not None
-            else 0, grad_output.data_ptr(), indices.numel(), *hyper_values(args))  # fmt: skip
-
-
 def step_vector(indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor],
                 grad_output: torch.Tensor, args: OptimizerArgs) -> torch.Tensor:  # fmt: skip
     """The step vector (``STEP_WORDS``, then ``HYPER_FIELDS``) on the host, pinned on CUDA:
     one non-blocking copy a step (the pinned block is reused only once that copy ran)."""
-    packed = bytearray(struct.pack(STEP_FORMAT, *_step_values(indices, offsets, per_sample_weights, grad_output,
-                                                              args)))  # fmt: skip
+    words = (indices.data_ptr(), offsets.data_ptr(),
+             per_sample_weights.data_ptr() if per_sample_weights is not None else 0,
+             grad_output.data_ptr(), indices.numel())  # fmt: skip
+    packed = bytearray(struct.pack(f"<{len(words)}q{len(HYPER_FIELDS)}d", *words, *hyper_values(args)))
     vector = torch.frombuffer(packed, dtype=torch.int64)
     return vector.pin_memory() if indices.device.type == "cuda" else vector
-
-
-class PinnedRing:
-    """``RunsLaunch.graph_step_ring``: SLOTS pinned host vectors of the step vector's length,
-    used in turn, each with the event of the copy that last read it: a step packs its values
-    into the next slot (``struct.pack_into``, after that slot's previous copy ran: a wait
-    only when the host is SLOTS steps ahead of the stream) and copies it to the device,
-    instead of pinning a new tensor a step."""
-
-    def __init__(self, slots: int) -> None:
-        self.buffers = [torch.zeros(STEP_LEN, dtype=torch.int64, pin_memory=True) for _ in range(slots)]
-        self.views = [memoryview(b.numpy()).cast("B") for b in self.buffers]
-        self.events: list = [None] * slots
-        self.next = 0
-
-    def copy_to(self, target: torch.Tensor, values: tuple) -> None:
-        slot = self.next
-        self.next = (slot + 1) % len(self.buffers)
-        if self.events[slot] is not None:
-            self.events[slot].synchronize()
-        else:
-            self.events[slot] = torch.cuda.Event()
-        struct.pack_into(STEP_FORMAT, self.views[slot], 0, *values)
-        target.copy_(self.buffers[slot], non_blocking=True)
-        self.events[slot].record()
 
 
 def padded_ids(n: int) -> int:
@@ -173,7 +140,6 @@ class BackwardGraphs:
         self._entries: "collections.OrderedDict[tuple, _Captured]" = collections.OrderedDict()
         self.replays = 0
         """Graph replays so far (tests and benchmarks read it)."""
-        self._ring: Optional[PinnedRing] = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -225,11 +191,7 @@ class BackwardGraphs:
             while len(self._entries) > self.max_graphs:
                 self._entries.popitem(last=False)
         self._entries.move_to_end(key)
-        if fill and settings.graph_step_ring and indices.device.type == "cuda":
-            if self._ring is None or len(self._ring.buffers) != settings.graph_step_ring:
-                self._ring = PinnedRing(settings.graph_step_ring)
-            self._ring.copy_to(entry.step, _step_values(indices, offsets, per_sample_weights, grad_output, args))
-        elif fill:
+        if fill:
             entry.step.copy_(step_vector(indices, offsets, per_sample_weights, grad_output, args), non_blocking=True)
         else:
             self._fill(entry, n, grad_output, indices, offsets, per_sample_weights, args)

@@ -171,11 +171,6 @@ class RunsLaunch:
     (``profile_backward``, wall ms of a backward, FBGEMM's beside): FBGEMM's standard B=512
     0.893 -> 0.645 (FBGEMM 0.795), user-id 0.941 -> 0.558 (FBGEMM 0.859); ``host_profile``:
     host time until the backward returns 0.55 -> 0.37 and 0.60 -> 0.40 ms."""
-    graph_step_ring: int = 0
-    """Candidate (off; not timed): with ``graph_fill`` on CUDA, the step vector is packed into
-    one of this many pinned host vectors kept for it (``backward_graphs.PinnedRing``, each
-    reused once the copy that last read it ran) instead of a tensor pinned a step; 0: the
-    latter."""
     radix_sort: bool = False
     """Candidate (off: slower): the global rows sorted by ``radix_sort.sort_pairs`` (only the
     bits that hold every row, the bag carried beside each id when the bags are pooled and
@@ -205,8 +200,6 @@ class RunsLaunch:
         if self.graph_fill and not self.graph_grad_in_place:
             raise ValueError("RunsLaunch.graph_fill needs graph_grad_in_place=True (its step vector holds the "
                              "gradient's address); with graph_grad_in_place=False set graph_fill=False too")
-        if self.graph_step_ring < 0:
-            raise ValueError(f"RunsLaunch.graph_step_ring must be >= 0, got {self.graph_step_ring}")
         if self.graph_max_ids < 0:
             raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
         if self.piece_programs_per_sm < 0:

@@ -17,7 +17,6 @@ FTM = [0, 1, 2, 0]
 GRAPHED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=False, graph_fill=False)  # gradient copied in
 IN_PLACE = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True, graph_fill=False)  # filled by launches
 FILLED = RunsLaunch(graph_max_ids=1 << 20, graph_grad_in_place=True, graph_fill=True)  # inputs filled in the graph
-RING = RunsLaunch(graph_max_ids=1 << 20, graph_fill=True, graph_step_ring=2)  # ... from 2 pinned step vectors
 EAGER = RunsLaunch(graph_max_ids=0)
 
 
@@ -96,8 +95,6 @@ def test_when_the_padded_path_applies():
     assert not BackwardGraphs(capture=True).applies(RunsLaunch(graph_max_ids=10), ids, offsets)  # CPU: no graphs
     with pytest.raises(ValueError, match="graph_max_ids"):
         RunsLaunch(graph_max_ids=-1)
-    with pytest.raises(ValueError, match="graph_step_ring"):
-        RunsLaunch(graph_step_ring=-1)
     with pytest.raises(ValueError, match="graph_fill needs graph_grad_in_place"):
         RunsLaunch(graph_fill=True, graph_grad_in_place=False)
     with pytest.raises(ValueError, match="max_graphs"):
@@ -208,17 +205,15 @@ def test_least_recently_used_buckets_are_dropped():
 @pytest.mark.parametrize("optimizer, dtype, weighted, launch", [("EXACT_ROWWISE_ADAGRAD", "FP32", False, GRAPHED),
                                                                 ("ADAM", "FP16", True, GRAPHED),
                                                                 ("EXACT_ROWWISE_ADAGRAD", "FP32", True, IN_PLACE),
-                                                                ("ADAM", "FP16", True, FILLED),
-                                                                ("EXACT_ROWWISE_ADAGRAD", "FP16", True, RING)],
-                         ids=["copy", "copy-adam-fp16", "in-place", "filled-adam-fp16", "ring-fp16"])  # fmt: skip
+                                                                ("ADAM", "FP16", True, FILLED)],
+                         ids=["copy", "copy-adam-fp16", "in-place", "filled-adam-fp16"])  # fmt: skip
 def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted, launch):
     """On the device: batches of B=512 (Zipf ids, two sizes sharing a bucket and one of
     another) through captured graphs give bitwise the eager step's tables, states and
     per-sample-weight gradients, with the learning rate changed every step (read by the
     graph from the device vector) and fp16 stochastic rounding (its seed likewise); also
     with the graphs reading each step's output gradient (a new tensor every step) in place,
-    and with the inputs filled inside the graph (``graph_fill``), their step vectors from a
-    ring of 2 pinned vectors (``graph_step_ring``: 5 steps reuse each)."""
+    and with the inputs filled inside the graph (``graph_fill``)."""
     rows, dims = [100_000, 50_000, 20_000], [128, 64, 32]
     modules = []
     for graphed in (False, True):

@@ -5,7 +5,8 @@
 # the app's planted click log costs; a short forward sweep on the end-to-end tables (TUNE=0
 # skips it). Results under $OUT (the device returns at most 8 files): device.txt,
 # gpu_tests.log, backward.json, backward.md, e2e.json, e2e.md, planted.json, planted.md
-# (tune_forward.json in place of planted.* when TUNE=1 and PLANTED=0).
+# (tune_forward.json in place of planted.* when TUNE=1 and PLANTED=0), small/backward.{json,md}
+# (SMALL=1: fbgemm-standard and user-id with 30 rounds; 10 files then: set PLANTED=0).
 # After the GPU stack's first call (../shared/device/README.md), with the carry of part b:
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_head.sh
 source "$(dirname "$0")/device_common.sh" "HEAD's defaults"
@@ -16,6 +17,12 @@ echo "=== gpu tests $(date +%T)"
 echo "=== suite $(date +%T)"
 timeout ${SUITE_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.backward --out "$OUT" --iters 5 --warmup 2 --batches 2 2>&1 \
   | grep -v "no entry for\|compatibility\|^ *$\|\[0m\|\[33m\|WARNING:root" | tail -30
+if [ "${SMALL:-1}" != 0 ]; then
+  # The host-bound configs again with 30 rounds: 5 leave their medians inside run-to-run noise.
+  echo "=== small configs, 30 rounds $(date +%T)"
+  timeout ${SMALL_TIMEOUT:-90} python3 -m tbe_plugin.benchmarks.backward --out "$OUT/small" --configs fbgemm-standard,user-id \
+    --iters 30 --warmup 3 --batches 2 2>&1 | grep "| bwd |" | tail -4
+fi
 echo "=== e2e $(date +%T)"
 timeout ${E2E_TIMEOUT:-150} python3 -m pipelines.bench.e2e --out "$OUT" --pipelines sparsedist,stale1,semisync,stale0 2>&1 \
   | grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT" \

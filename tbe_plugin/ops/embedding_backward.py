@@ -315,7 +315,7 @@ def backward_update(
     if grad_cell is not None and launch.design != "pieces":
         raise ValueError(f"backward_update: grad_cell is for the pieces design, not {launch.design!r}")
     key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
-    radix = launch.radix_sort and key_dtype == torch.int32
+    radix = launch.radix_sort and key_dtype == torch.int32 and N < 2**31
     # Ids outside every bag: sorted last, skipped. The radix sort sorts only the bits that
     # hold every row and the sentinel, the least all-ones value above the rows.
     key_bits = max(1, int(total_rows).bit_length())
@@ -342,12 +342,12 @@ def backward_update(
             GRAD_CELL=grad_cell is not None, **PSW_CONFIG,
         )  # fmt: skip
     # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
-    # needs of an id) or their position, int32 where it fits.
+    # needs of an id) or their int32 position.
     sorted_bags = radix and pooling != Pooling.NONE and not scaled
     if sorted_bags:
         sorted_rows, perm = sort_pairs(rows, bags, key_bits)
     elif radix:
-        positions = torch.arange(N, dtype=torch.int32 if N < 2**31 else torch.int64, device=device)
+        positions = torch.arange(N, dtype=torch.int32, device=device)
         sorted_rows, perm = sort_pairs(rows, positions, key_bits)
     else:
         sorted_rows, perm = torch.sort(rows, stable=True)

@@ -116,6 +116,8 @@ def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: Op
     if tile < 2 or tile & (tile - 1):
         raise ValueError(f"sort_pairs: tile must be a power of two >= 2, got {tile}")
     n = keys.numel()
+    if n >= 2**31:
+        raise ValueError(f"sort_pairs: at most 2**31 - 1 keys (int32 places), got {n}")
     bits = pass_bits(key_bits, digit_bits)
     if n <= 1 or not bits:
         return keys.clone(), values.clone()

@@ -62,6 +62,9 @@ def test_sort_pairs_refuses_what_it_cannot_sort():
         sort_pairs(keys, keys, 32)
     with pytest.raises(ValueError, match="tile must be a power of two"):
         sort_pairs(keys, keys, 3, tile=48)
+    huge = torch.zeros(1, dtype=torch.int32).expand(2**31)  # a view: nothing allocated
+    with pytest.raises(ValueError, match="at most 2\\*\\*31 - 1 keys"):
+        sort_pairs(huge, huge, 3)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import torch
 import triton
 
 import tbe_plugin.ops.radix_sort as radix
+from tbe_plugin.ops.backward_launch import RadixSizes
 from tbe_plugin.benchmarks.common import collect_environment
 
 
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--bits", default="22,25")
     parser.add_argument("--alpha", type=float, default=1.2)
     parser.add_argument("--variants", default="4096x8x8x256,8192x8x8x256,4096x4x8x128,4096x8x8x512,4096x8x9x256",
-                        help="TILExWARPSxDIGIT_BITSxSUB_TILE of the scatter and histogram kernels")
+                        help="TILExWARPSxDIGIT_BITSxSUB_TILE of the scatter and histogram kernels (RadixSizes)")
     args = parser.parse_args()
     generator = torch.Generator(device="cuda").manual_seed(0)
     results = []
@@ -63,11 +64,10 @@ def main() -> None:
                          "variants": {}}  # fmt: skip
                 for variant in args.variants.split(","):
                     tile, warps, digit, sub = (int(x) for x in variant.split("x"))
-                    radix.TILE_WARPS, radix.SUB_TILE = warps, sub
-                    out_keys, out_values = radix.sort_pairs(keys, values, bits, tile=tile, digit_bits=digit)
+                    sizes = RadixSizes(tile=tile, sub_tile=sub, warps=warps, digit_bits=digit)
+                    out_keys, out_values = radix.sort_pairs(keys, values, bits, sizes)
                     ok = torch.equal(out_keys, ref_keys) and torch.equal(out_values, ref_values)
-                    ms = triton.testing.do_bench(lambda: radix.sort_pairs(keys, values, bits, tile=tile,
-                                                                          digit_bits=digit))  # fmt: skip
+                    ms = triton.testing.do_bench(lambda: radix.sort_pairs(keys, values, bits, sizes))
                     passes = len(radix.pass_bits(bits, digit))
                     entry["variants"][variant] = {
                         "ms": ms, "bitwise_equal": ok, "passes": passes,

@@ -69,6 +69,33 @@ class ClassLaunch:
 
 
 @dataclasses.dataclass(frozen=True)
+class RadixSizes:
+    """``sort_pairs``' launch sizes (a value passed to it; nothing reads module globals)."""
+
+    tile: int = 4096
+    """Keys a program sorts per pass (a power of two)."""
+    sub_tile: int = 256
+    """Keys the scatter kernel ranks at a time (``tl.sort``'s cost grows with the keys a thread
+    holds); at most ``tile``."""
+    warps: int = 8
+    """Warps of the histogram and scatter programs."""
+    digit_bits: int = 8
+    """Most key bits a pass sorts; fewer when that takes no more passes (``pass_bits``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tile", "sub_tile"):
+            value = getattr(self, name)
+            if value < 2 or value & (value - 1):
+                raise ValueError(f"RadixSizes.{name} must be a power of two >= 2, got {value}")
+        if self.sub_tile > self.tile:
+            raise ValueError(f"RadixSizes.sub_tile ({self.sub_tile}) must not exceed tile ({self.tile})")
+        if self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"RadixSizes.warps must be a power of two from 1 to 16, got {self.warps}")
+        if not 1 <= self.digit_bits <= 12:
+            raise ValueError(f"RadixSizes.digit_bits must be in [1, 12], got {self.digit_bits}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunsLaunch:
     """How the per-run kernels (``backward_runs``) are launched, for rows of any tile."""
 
@@ -180,6 +207,8 @@ class RunsLaunch:
     lost: H200 (``probe_radix_sort``, 41.9M keys of 22 bits with an int32 value, ms) 4.4-4.7
     against 2.8 for ``torch.sort`` and the gather at a541e15, 6.9-14.5 at 161f483 (a
     ``tl.sort`` of each whole tile); 5.2M keys 0.55-0.70 against 0.34-0.36."""
+    radix_sizes: RadixSizes = RadixSizes()
+    """``radix_sort``: the sort's launch sizes."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

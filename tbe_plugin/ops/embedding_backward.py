@@ -345,10 +345,10 @@ def backward_update(
     # needs of an id) or their int32 position.
     sorted_bags = radix and pooling != Pooling.NONE and not scaled
     if sorted_bags:
-        sorted_rows, perm = sort_pairs(rows, bags, key_bits)
+        sorted_rows, perm = sort_pairs(rows, bags, key_bits, launch.radix_sizes)
     elif radix:
         positions = torch.arange(N, dtype=torch.int32, device=device)
-        sorted_rows, perm = sort_pairs(rows, positions, key_bits)
+        sorted_rows, perm = sort_pairs(rows, positions, key_bits, launch.radix_sizes)
     else:
         sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)

@@ -5,12 +5,13 @@ sorts all 32 bits of an int32 key (four 8-bit passes, ``cub``'s onesweep) and ca
 int64 position it fills itself (an arange, and a copy of the keys: two more passes over the
 batch). The rows of every table together need fewer bits (22 for 3.2M rows), and the
 backward wants the id's bag beside its row, not its position. ``sort_pairs`` sorts only the
-key bits asked for, ``digit_bits`` a pass, and carries the values it is given. A pass:
+key bits asked for, at most ``RadixSizes.digit_bits`` a pass, and carries the values it is
+given. A pass:
 
-1. ``_tile_histogram_kernel``: per tile of TILE positions, how many keys have each digit;
+1. ``_tile_histogram_kernel``: per tile of ``tile`` positions, how many keys have each digit;
    stored digit-major (``hist[digit * tiles + tile]``).
 2. An exclusive cumulative sum over that vector: where each (digit, tile) writes its keys.
-3. ``_tile_scatter_kernel``: per tile, SUB_TILE keys at a time, the keys sorted by (digit,
+3. ``_tile_scatter_kernel``: per tile, ``sub_tile`` keys at a time, the keys sorted by (digit,
    position) (``tl.sort`` of one packed int32 each: a key's rank among the sub-block's keys
    of its digit is its place in that order less the digit's first place), each key and
    value written at its digit's next place in the tile's run.
@@ -36,14 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-TILE = 4096
-"""Keys a program sorts per pass (a power of two)."""
-DIGIT_BITS = 8
-"""Most key bits a pass sorts; fewer when that takes no more passes (``pass_bits``)."""
-TILE_WARPS = 8
-SUB_TILE = 256
-"""Keys the scatter kernel ranks at a time (``tl.sort``'s cost grows with the keys a thread holds)."""
-
+from tbe_plugin.ops.backward_launch import RadixSizes
 
 @triton.jit
 def _tile_histogram_kernel(keys_ptr, hist_ptr, n, shift, tiles, RADIX: tl.constexpr, TILE: tl.constexpr):
@@ -89,7 +83,7 @@ def _tile_scatter_kernel(
         nxt += counts
 
 
-def pass_bits(key_bits: int, digit_bits: int = DIGIT_BITS) -> Tuple[int, ...]:
+def pass_bits(key_bits: int, digit_bits: int = RadixSizes.digit_bits) -> Tuple[int, ...]:
     """The bits each pass sorts: as few passes of at most ``digit_bits`` as ``key_bits`` need,
     the bits spread evenly (22 bits, 8 a pass: 8, 7, 7)."""
     if key_bits <= 0:
@@ -99,13 +93,13 @@ def pass_bits(key_bits: int, digit_bits: int = DIGIT_BITS) -> Tuple[int, ...]:
     return tuple(low + (1 if p < extra else 0) for p in range(passes))
 
 
-def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: Optional[int] = None,
-               digit_bits: int = DIGIT_BITS) -> Tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int,
+               sizes: Optional[RadixSizes] = None) -> Tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``keys`` (int32, each in [0, 2**key_bits)) sorted stably, and ``values`` (int32 or
     int64, one per key) in the same order: bitwise what ``torch.sort(keys, stable=True)``
     and ``values[perm]`` give. Keys outside that range are not checked and sort wrong.
-    ``tile``: keys a program sorts (``TILE`` when None)."""
-    tile = TILE if tile is None else tile
+    ``sizes``: the launch sizes (``RadixSizes()`` when None)."""
+    sizes = sizes or RadixSizes()
     if keys.dtype != torch.int32 or keys.dim() != 1:
         raise ValueError(f"sort_pairs: keys must be a 1-D int32 tensor, got {keys.dtype} of {keys.dim()} dims")
     if values.dtype not in (torch.int32, torch.int64) or values.shape != keys.shape:
@@ -113,14 +107,13 @@ def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: Op
                          f"{values.dtype} {tuple(values.shape)}")  # fmt: skip
     if not 0 <= key_bits <= 31:
         raise ValueError(f"sort_pairs: key_bits must be in [0, 31], got {key_bits}")
-    if tile < 2 or tile & (tile - 1):
-        raise ValueError(f"sort_pairs: tile must be a power of two >= 2, got {tile}")
     n = keys.numel()
     if n >= 2**31:
         raise ValueError(f"sort_pairs: at most 2**31 - 1 keys (int32 places), got {n}")
-    bits = pass_bits(key_bits, digit_bits)
+    bits = pass_bits(key_bits, sizes.digit_bits)
     if n <= 1 or not bits:
         return keys.clone(), values.clone()
+    tile, sub = sizes.tile, sizes.sub_tile
     tiles = triton.cdiv(n, tile)
     source = (keys.contiguous(), values.contiguous())  # never written: passes alternate two other pairs
     pairs = [None, None]
@@ -132,11 +125,10 @@ def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int, tile: Op
         radix = 1 << width
         hist = torch.empty(radix * tiles, dtype=torch.int32, device=keys.device)
         _tile_histogram_kernel[(tiles,)](source[0], hist, n, shift, tiles, RADIX=radix, TILE=tile,
-                                         num_warps=TILE_WARPS)  # fmt: skip
+                                         num_warps=sizes.warps)  # fmt: skip
         starts = torch.cumsum(hist, 0, dtype=torch.int32).sub_(hist)
-        sub = min(SUB_TILE, tile)
         _tile_scatter_kernel[(tiles,)](*source, *target, starts, n, shift, tiles, RADIX=radix, TILE=tile, SUB=sub,
-                                       LOG_SUB=sub.bit_length() - 1, num_warps=TILE_WARPS)  # fmt: skip
+                                       LOG_SUB=sub.bit_length() - 1, num_warps=sizes.warps)  # fmt: skip
         shift += width
         source = target
     return source

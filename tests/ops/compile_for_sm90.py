@@ -20,7 +20,7 @@ from tbe_plugin.ops import backward_graphs as graphs  # noqa: E402
 from tbe_plugin.ops import backward_pieces as pieces  # noqa: E402
 from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
-from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch  # noqa: E402
+from tbe_plugin.ops.backward_launch import RadixSizes, RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 from tbe_plugin.ops import radix_sort as radix  # noqa: E402
 from tbe_plugin.ops.common import vector_alignment  # noqa: E402
@@ -211,10 +211,11 @@ def variants():
         yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"
     for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
-    yield radix._tile_histogram_kernel, dict(RADIX=256, TILE=radix.TILE), radix.TILE_WARPS, "*fp32", "*i32"
+    sizes = RadixSizes()
+    yield radix._tile_histogram_kernel, dict(RADIX=256, TILE=sizes.tile), sizes.warps, "*fp32", "*i32"
     for values in ("*i32", "*i64"):
-        sub = dict(SUB=radix.SUB_TILE, LOG_SUB=radix.SUB_TILE.bit_length() - 1)
-        yield radix._tile_scatter_kernel, dict(RADIX=256, TILE=radix.TILE, **sub), radix.TILE_WARPS, "*fp32", values
+        sub = dict(SUB=sizes.sub_tile, LOG_SUB=sizes.sub_tile.bit_length() - 1)
+        yield radix._tile_scatter_kernel, dict(RADIX=256, TILE=sizes.tile, **sub), sizes.warps, "*fp32", values
     psw = dict(backward.PSW_CONFIG)
     for cell in (False, True):
         yield backward._psw_grad_kernel, dict(MEAN=True, BLOCK_N=psw["BLOCK_N"], BLOCK_D=128, GRAD_CELL=cell), \

@@ -6,17 +6,14 @@ import dataclasses
 import pytest
 import torch
 
-from tbe_plugin.ops import radix_sort
+from tbe_plugin.ops.backward_launch import RadixSizes
 from tbe_plugin.ops.radix_sort import pass_bits, sort_pairs
 from tests.helpers import assert_bitwise_equal, make_bags
 from tests.ops.backward_helpers import build, train_and_compare
 from tests.ops.test_backward_pieces import PIECES
 
 
-@pytest.fixture
-def small_tiles(monkeypatch):
-    """Tiles of 64 keys (the interpreter's tl.sort takes ~1 s a tile of 256)."""
-    monkeypatch.setattr(radix_sort, "TILE", 64)
+SMALL = RadixSizes(tile=64, sub_tile=64)  # the interpreter's tl.sort takes ~1 s a tile of 256
 
 
 def test_pass_bits_spread_the_key_bits():
@@ -34,17 +31,16 @@ def test_pass_bits_spread_the_key_bits():
      (5, 20, 8, 256, torch.int64)],
     ids=["two-passes-sub-blocks-int64", "tail-tile-int32", "one-tile-many-ties", "fewer-keys-than-a-tile"],
 )  # fmt: skip
-def test_sort_pairs_is_torch_stable_sort(monkeypatch, n, bits, tile, sub, values_dtype):
+def test_sort_pairs_is_torch_stable_sort(n, bits, tile, sub, values_dtype):
     """Keys and values in torch's stable order, bit for bit: many equal keys (their values
     keep the input order), tiles ranked in sub-blocks, a last tile part full; the inputs
     left as they were."""
-    monkeypatch.setattr(radix_sort, "SUB_TILE", sub)
     g = torch.Generator().manual_seed(n)
     keys = torch.randint(0, min(1 << bits, n // 3 + 2), (n,), generator=g, dtype=torch.int32)
     keys[::7] = (1 << bits) - 1  # the largest key (the backward's sentinel)
     values = torch.randperm(n, generator=g).to(values_dtype) * 5 - 2
     keys_before, values_before = keys.clone(), values.clone()
-    out_keys, out_values = sort_pairs(keys, values, bits, tile=tile)
+    out_keys, out_values = sort_pairs(keys, values, bits, RadixSizes(tile=tile, sub_tile=min(sub, tile)))
     ref_keys, perm = torch.sort(keys, stable=True)
     assert torch.equal(out_keys, ref_keys)
     assert torch.equal(out_values, values[perm])
@@ -60,8 +56,12 @@ def test_sort_pairs_refuses_what_it_cannot_sort():
         sort_pairs(keys, keys.float(), 3)
     with pytest.raises(ValueError, match="key_bits"):
         sort_pairs(keys, keys, 32)
-    with pytest.raises(ValueError, match="tile must be a power of two"):
-        sort_pairs(keys, keys, 3, tile=48)
+    with pytest.raises(ValueError, match="RadixSizes.tile must be a power of two"):
+        RadixSizes(tile=48)
+    with pytest.raises(ValueError, match="sub_tile .* must not exceed tile"):
+        RadixSizes(tile=64, sub_tile=128)
+    with pytest.raises(ValueError, match="RadixSizes.warps"):
+        RadixSizes(warps=3)
     huge = torch.zeros(1, dtype=torch.int32).expand(2**31)  # a view: nothing allocated
     with pytest.raises(ValueError, match="at most 2\\*\\*31 - 1 keys"):
         sort_pairs(huge, huge, 3)
@@ -72,7 +72,7 @@ def test_sort_pairs_refuses_what_it_cannot_sort():
     [("EXACT_ROWWISE_ADAGRAD", "SUM", False), ("ADAM", "MEAN", True), ("EXACT_SGD", "NONE", False)],
     ids=["sum-bags-carried", "mean-weighted-positions", "unpooled-positions"],
 )
-def test_backward_with_the_radix_sort_is_the_default_bitwise(small_tiles, optimizer, pooling, weighted):
+def test_backward_with_the_radix_sort_is_the_default_bitwise(optimizer, pooling, weighted):
     """One step with ``radix_sort`` (bags carried for SUM; positions for MEAN with
     per-sample weights and for unpooled lookups) and one with ``torch.sort`` from the same
     weights on the same batch: the same tables and states bit for bit (the same sorted
@@ -80,7 +80,7 @@ def test_backward_with_the_radix_sort_is_the_default_bitwise(small_tiles, optimi
     modules = []
     for radix in (False, True):
         emb = build(optimizer, pooling, learning_rate=0.05)
-        emb.backward_launch = dataclasses.replace(PIECES, radix_sort=radix)
+        emb.backward_launch = dataclasses.replace(PIECES, radix_sort=radix, radix_sizes=SMALL)
         rows = [emb.table_rows[t] for t in emb.feature_table_map]
         indices, offsets = make_bags(rows, B=6, max_len=9, seed=4, hot_fraction=0.7)
         psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(5)) if weighted else None
@@ -89,5 +89,5 @@ def test_backward_with_the_radix_sort_is_the_default_bitwise(small_tiles, optimi
         modules.append(emb)
     assert_bitwise_equal(*modules)
     emb = build(optimizer, pooling, learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, radix_sort=True)
+    emb.backward_launch = dataclasses.replace(PIECES, radix_sort=True, radix_sizes=SMALL)
     train_and_compare(emb, optimizer, steps=1, B=5, max_len=6, hot=0.6, weighted=weighted, lr=0.05)

@@ -5,8 +5,9 @@ batch), 41.9M (b65536), keys of 22 and 25 bits (3.2M and 30M rows of all tables)
 and skewed (``--alpha``, ``_keys``). Per size: ``torch.sort(stable=True)`` then gathering an int32
 value by its permutation (what the backward does now), and ``sort_pairs`` with int32 values
 under each (tile, warps) asked for; every result checked bitwise against torch's; median ms
-of ``triton.testing.do_bench``, the bytes each moves and the ptxas registers and spills of
-the scatter kernel. JSON to ``--out``.
+of ``triton.testing.do_bench``, the bytes each moves and the device ms of each kernel of one
+call (torch.profiler; torch.sort's too, on the first shape). Variants: ``RadixSizes`` as
+TILExWARPSxDIGIT_BITSxSUB_TILE, ``xmatch`` for the comparison ranking. JSON to ``--out``.
 """
 
 import argparse
@@ -32,13 +33,29 @@ def _keys(n: int, bits: int, alpha: float, generator: torch.Generator) -> torch.
     return ((ranks * 2654435761) % (1 << bits)).to(torch.int32)
 
 
-def _registers(kernel) -> dict:
-    """Registers and spills of the kernel's compiled variants (the last one compiled)."""
-    found = {}
-    for cache in getattr(kernel, "device_caches", {}).values():
-        for compiled in cache[0].values():
-            found = {"registers": compiled.n_regs, "spills": compiled.n_spills}
-    return found
+def _kernel_split(run) -> dict:
+    """Device ms per kernel name of one call of ``run`` (torch.profiler), names cut to 60."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    split: dict = {}
+    for event in prof.key_averages():  # as profile_backward.kernel_breakdown reads them
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if device_us:
+            split[event.key[:60]] = round(split.get(event.key[:60], 0.0) + device_us / 1e3, 4)
+    return split
+
+
+def _variant(text: str) -> RadixSizes:
+    """TILExWARPSxDIGIT_BITSxSUB_TILE, with an optional last field ``match`` (the ranking)."""
+    fields = text.split("x")
+    tile, warps, digit, sub = (int(x) for x in fields[:4])
+    ranking = fields[4] if len(fields) > 4 else "sort"
+    return RadixSizes(tile=tile, sub_tile=sub, warps=warps, digit_bits=digit, ranking=ranking)
 
 
 def main() -> None:
@@ -47,8 +64,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="5242880,15379196,41943040")
     parser.add_argument("--bits", default="22,25")
     parser.add_argument("--alpha", type=float, default=1.2)
-    parser.add_argument("--variants", default="4096x8x8x256,8192x8x8x256,4096x4x8x128,4096x8x8x512,4096x8x9x256",
-                        help="TILExWARPSxDIGIT_BITSxSUB_TILE of the scatter and histogram kernels (RadixSizes)")
+    parser.add_argument("--variants", default="4096x8x8x512,4096x1x8x32xmatch,4096x2x8x64xmatch,2048x4x8x64xmatch",
+                        help="TILExWARPSxDIGIT_BITSxSUB_TILE[xmatch] of the histogram and scatter kernels (RadixSizes)")
     args = parser.parse_args()
     generator = torch.Generator(device="cuda").manual_seed(0)
     results = []
@@ -62,20 +79,21 @@ def main() -> None:
                 entry = {"n": n, "bits": bits, "alpha": alpha,
                          "torch_sort_ms": triton.testing.do_bench(lambda: values[torch.sort(keys, stable=True)[1]]),
                          "variants": {}}  # fmt: skip
+                if len(results) == 0:  # the first shape: where torch.sort's time goes, kernel by kernel
+                    entry["torch_sort_split"] = _kernel_split(lambda: values[torch.sort(keys, stable=True)[1]])
                 for variant in args.variants.split(","):
-                    tile, warps, digit, sub = (int(x) for x in variant.split("x"))
-                    sizes = RadixSizes(tile=tile, sub_tile=sub, warps=warps, digit_bits=digit)
+                    sizes = _variant(variant)
                     out_keys, out_values = radix.sort_pairs(keys, values, bits, sizes)
                     ok = torch.equal(out_keys, ref_keys) and torch.equal(out_values, ref_values)
                     ms = triton.testing.do_bench(lambda: radix.sort_pairs(keys, values, bits, sizes))
-                    passes = len(radix.pass_bits(bits, digit))
+                    passes = len(radix.pass_bits(bits, sizes.digit_bits))
                     entry["variants"][variant] = {
                         "ms": ms, "bitwise_equal": ok, "passes": passes,
                         "tb_per_s": n * 20 * passes / ms / 1e9,  # a pass: keys read twice, keys+values read, written
-                        "scatter": _registers(radix._tile_scatter_kernel),
+                        "split": _kernel_split(lambda: radix.sort_pairs(keys, values, bits, sizes)),
                     }  # fmt: skip
                 print(n, bits, alpha, "torch", round(entry["torch_sort_ms"], 3),
-                      {v: (round(e["ms"], 3), e["bitwise_equal"], e["scatter"]) for v, e in entry["variants"].items()})
+                      {v: (round(e["ms"], 3), e["bitwise_equal"]) for v, e in entry["variants"].items()})
                 results.append(entry)
                 del keys, values, ref_keys, perm, ref_values
                 torch.cuda.empty_cache()

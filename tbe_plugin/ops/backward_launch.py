@@ -81,6 +81,10 @@ class RadixSizes:
     """Warps of the histogram and scatter programs."""
     digit_bits: int = 8
     """Most key bits a pass sorts; fewer when that takes no more passes (``pass_bits``)."""
+    ranking: str = "sort"
+    """How the scatter ranks a sub-block's keys of one digit: ``sort`` (a ``tl.sort`` of packed
+    (digit, position) values, timed at a541e15) or ``match`` (every pair of the sub-block's
+    digits compared: sub_tile**2 comparisons, no sort and no gathers of the keys; not timed)."""
 
     def __post_init__(self) -> None:
         for name in ("tile", "sub_tile"):
@@ -93,6 +97,8 @@ class RadixSizes:
             raise ValueError(f"RadixSizes.warps must be a power of two from 1 to 16, got {self.warps}")
         if not 1 <= self.digit_bits <= 12:
             raise ValueError(f"RadixSizes.digit_bits must be in [1, 12], got {self.digit_bits}")
+        if self.ranking not in ("sort", "match"):
+            raise ValueError(f"RadixSizes.ranking must be 'sort' or 'match', got {self.ranking!r}")
 
 
 @dataclasses.dataclass(frozen=True)

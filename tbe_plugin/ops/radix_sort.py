@@ -11,10 +11,11 @@ given. A pass:
 1. ``_tile_histogram_kernel``: per tile of ``tile`` positions, how many keys have each digit;
    stored digit-major (``hist[digit * tiles + tile]``).
 2. An exclusive cumulative sum over that vector: where each (digit, tile) writes its keys.
-3. ``_tile_scatter_kernel``: per tile, ``sub_tile`` keys at a time, the keys sorted by (digit,
-   position) (``tl.sort`` of one packed int32 each: a key's rank among the sub-block's keys
-   of its digit is its place in that order less the digit's first place), each key and
-   value written at its digit's next place in the tile's run.
+3. ``_tile_scatter_kernel``: per tile, ``sub_tile`` keys at a time, each key's rank among the
+   sub-block's keys of its digit (``RadixSizes.ranking``: ``sort``, a ``tl.sort`` of one
+   packed (digit, position) int32 a key; ``match``, a comparison of every pair of the
+   sub-block's digits), each key and value written at its digit's next place in the
+   tile's run plus that rank.
 
 Stable (each pass keeps the order of equal digits: tiles in order, positions within a tile
 in order), hence bitwise the order ``torch.sort(stable=True)`` gives. No atomics.
@@ -53,13 +54,16 @@ def _tile_histogram_kernel(keys_ptr, hist_ptr, n, shift, tiles, RADIX: tl.conste
 @triton.jit
 def _tile_scatter_kernel(
     keys_in_ptr, values_in_ptr, keys_out_ptr, values_out_ptr, starts_ptr, n, shift, tiles,
-    RADIX: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, LOG_SUB: tl.constexpr,
+    RADIX: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, LOG_SUB: tl.constexpr, MATCH: tl.constexpr = False,
 ):  # fmt: skip
     """This tile's keys and values written in (digit, position) order, each digit's run at
     its start for this tile (``starts[digit * tiles + tile]``, the exclusive sums of the
-    histograms). SUB keys at a time, in order: each sub-block's keys ranked by a
-    ``tl.sort`` of SUB packed (digit, place) values, placed after the tile's keys of their
-    digit written before (a running count per digit)."""
+    histograms). SUB keys at a time, in order, each placed after the tile's keys of its digit
+    written before (a running count per digit) plus its rank among the sub-block's keys of
+    its digit: MATCH False, by a ``tl.sort`` of SUB packed (digit, place) values (a key's
+    place in that order less its digit's first place; the keys then stored in that order);
+    MATCH True, by a SUB x SUB comparison of the digits (how many earlier keys share its
+    digit; the keys stored in their own order)."""
     tile = tl.program_id(0)
     nxt = tl.load(starts_ptr + tl.arange(0, RADIX).to(tl.int64) * tiles + tile)  # each digit's next place
     j = tl.arange(0, SUB)
@@ -69,17 +73,23 @@ def _tile_scatter_kernel(
         key = tl.load(keys_in_ptr + pos, mask=inside, other=0)
         value = tl.load(values_in_ptr + pos, mask=inside, other=0)
         digit = tl.where(inside, (key >> shift) & (RADIX - 1), RADIX)  # past the end: after every digit
-        order = tl.sort((digit << LOG_SUB) | j)
-        sorted_digit = order >> LOG_SUB
-        source = order & (SUB - 1)
         counts = tl.histogram(digit, RADIX, mask=inside)
-        # A key's place: its digit's next place, plus its rank among the sub-block's keys of
-        # that digit (its place in the sorted order less the digit's first place there).
-        base = nxt - (tl.cumsum(counts, 0) - counts)
-        live = sorted_digit < RADIX
-        dest = tl.gather(base, tl.minimum(sorted_digit, RADIX - 1), 0).to(tl.int64) + j
-        tl.store(keys_out_ptr + dest, tl.gather(key, source, 0), mask=live)
-        tl.store(values_out_ptr + dest, tl.gather(value, source, 0), mask=live)
+        if MATCH:
+            same = (digit[:, None] == digit[None, :]) & (j[None, :] < j[:, None])
+            rank = tl.sum(same.to(tl.int32), axis=1)
+            dest = tl.gather(nxt, tl.minimum(digit, RADIX - 1), 0).to(tl.int64) + rank
+            tl.store(keys_out_ptr + dest, key, mask=inside)
+            tl.store(values_out_ptr + dest, value, mask=inside)
+        else:
+            order = tl.sort((digit << LOG_SUB) | j)
+            sorted_digit = order >> LOG_SUB
+            source = order & (SUB - 1)
+            # The digit's next place less its first place in the sorted order, plus the place.
+            base = nxt - (tl.cumsum(counts, 0) - counts)
+            live = sorted_digit < RADIX
+            dest = tl.gather(base, tl.minimum(sorted_digit, RADIX - 1), 0).to(tl.int64) + j
+            tl.store(keys_out_ptr + dest, tl.gather(key, source, 0), mask=live)
+            tl.store(values_out_ptr + dest, tl.gather(value, source, 0), mask=live)
         nxt += counts
 
 
@@ -128,7 +138,8 @@ def sort_pairs(keys: torch.Tensor, values: torch.Tensor, key_bits: int,
                                          num_warps=sizes.warps)  # fmt: skip
         starts = torch.cumsum(hist, 0, dtype=torch.int32).sub_(hist)
         _tile_scatter_kernel[(tiles,)](*source, *target, starts, n, shift, tiles, RADIX=radix, TILE=tile, SUB=sub,
-                                       LOG_SUB=sub.bit_length() - 1, num_warps=sizes.warps)  # fmt: skip
+                                       LOG_SUB=sub.bit_length() - 1, MATCH=sizes.ranking == "match",
+                                       num_warps=sizes.warps)  # fmt: skip
         shift += width
         source = target
     return source

@@ -213,8 +213,9 @@ def variants():
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
     sizes = RadixSizes()
     yield radix._tile_histogram_kernel, dict(RADIX=256, TILE=sizes.tile), sizes.warps, "*fp32", "*i32"
-    for values in ("*i32", "*i64"):
-        sub = dict(SUB=sizes.sub_tile, LOG_SUB=sizes.sub_tile.bit_length() - 1)
+    matched = RadixSizes(sub_tile=64, warps=2, ranking="match")
+    for values, sizes in (("*i32", RadixSizes()), ("*i64", RadixSizes()), ("*i32", matched)):
+        sub = dict(SUB=sizes.sub_tile, LOG_SUB=sizes.sub_tile.bit_length() - 1, MATCH=sizes.ranking == "match")
         yield radix._tile_scatter_kernel, dict(RADIX=256, TILE=sizes.tile, **sub), sizes.warps, "*fp32", values
     psw = dict(backward.PSW_CONFIG)
     for cell in (False, True):

@@ -25,8 +25,10 @@ Slower than ``torch.sort`` on the H200 (``benchmarks.probe_radix_sort``; results
 against 2.8 for ``torch.sort`` and the gather of the values, 5.2M keys 0.55-0.70 against
 0.34-0.36 (a541e15); ranking whole tiles of 2048-4096 keys with one ``tl.sort`` took 6.9-14.5
 ms (161f483): the bitonic sort's cost grows with the keys a thread holds, and ranking
-sub-blocks one after another leaves each program waiting on its loads. cub's onesweep ranks
-with warp-level matching, which Triton does not expose. Used only by the off candidate
+sub-blocks one after another (a541e15) left each program waiting on its loads. cub's onesweep
+ranks with warp-level matching, which Triton does not expose. Since then, not timed: each
+sub-block's keys are loaded a step ahead, and a second ranking (``match``) compares a
+sub-block's digits pairwise instead of sorting them. Used only by the off candidate
 ``RunsLaunch.radix_sort``.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
@@ -67,11 +69,19 @@ def _tile_scatter_kernel(
     tile = tl.program_id(0)
     nxt = tl.load(starts_ptr + tl.arange(0, RADIX).to(tl.int64) * tiles + tile)  # each digit's next place
     j = tl.arange(0, SUB)
-    for sub in tl.range(0, TILE, SUB):
+    # Each sub-block's keys and values are loaded one step ahead (with the step before's work
+    # in flight), so that a step waits on no load of its own.
+    ahead = tile.to(tl.int64) * TILE + j
+    key_ahead = tl.load(keys_in_ptr + ahead, mask=ahead < n, other=0)
+    value_ahead = tl.load(values_in_ptr + ahead, mask=ahead < n, other=0)
+    for sub in tl.range(0, TILE, SUB, num_stages=1):
         pos = tile.to(tl.int64) * TILE + sub + j
         inside = pos < n
-        key = tl.load(keys_in_ptr + pos, mask=inside, other=0)
-        value = tl.load(values_in_ptr + pos, mask=inside, other=0)
+        key, value = key_ahead, value_ahead
+        ahead = pos + SUB
+        more = (ahead < n) & (sub + SUB < TILE)
+        key_ahead = tl.load(keys_in_ptr + ahead, mask=more, other=0)
+        value_ahead = tl.load(values_in_ptr + ahead, mask=more, other=0)
         digit = tl.where(inside, (key >> shift) & (RADIX - 1), RADIX)  # past the end: after every digit
         counts = tl.histogram(digit, RADIX, mask=inside)
         if MATCH:

@@ -52,6 +52,7 @@ BUCKET_MULTIPLE = 1024
 STEP_WORDS = ("indices", "offsets", "per_sample_weights", "grad_output", "num_indices")
 STEP_LEN = len(STEP_WORDS) + len(HYPER_FIELDS)
 GRAD_WORD = STEP_WORDS.index("grad_output")  # the gradient cell is this word of the vector
+STEP_FORMAT = f"<{len(STEP_WORDS)}q{len(HYPER_FIELDS)}d"  # the vector's bytes (struct), packed once a step
 _IDS_WORD = tl.constexpr(STEP_WORDS.index("indices"))
 _OFFSETS_WORD = tl.constexpr(STEP_WORDS.index("offsets"))
 _PSW_WORD = tl.constexpr(STEP_WORDS.index("per_sample_weights"))
@@ -89,7 +90,7 @@ def step_vector(indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights
     words = (indices.data_ptr(), offsets.data_ptr(),
              per_sample_weights.data_ptr() if per_sample_weights is not None else 0,
              grad_output.data_ptr(), indices.numel())  # fmt: skip
-    packed = bytearray(struct.pack(f"<{len(words)}q{len(HYPER_FIELDS)}d", *words, *hyper_values(args)))
+    packed = bytearray(struct.pack(STEP_FORMAT, *words, *hyper_values(args)))
     vector = torch.frombuffer(packed, dtype=torch.int64)
     return vector.pin_memory() if indices.device.type == "cuda" else vector
 
@@ -251,17 +252,20 @@ class BackwardGraphs:
         psw = None
         if per_sample_weights is not None:
             psw = torch.zeros(bucket, dtype=per_sample_weights.dtype, device=device)
-        step = torch.zeros(STEP_LEN, dtype=torch.int64, device=device) if fill else None
-        words = len(STEP_WORDS)
+        step = grad_cell = None
+        if fill:  # the cell and the hyperparameters are words of the step vector
+            step = torch.zeros(STEP_LEN, dtype=torch.int64, device=device)
+            grad_cell = step[GRAD_WORD:GRAD_WORD + 1]
+            hyper = step[len(STEP_WORDS):].view(torch.float64)
+        else:
+            hyper = torch.empty(len(HYPER_FIELDS), dtype=torch.float64, device=device)
+            if in_place:
+                grad_cell = torch.zeros(1, dtype=torch.int64, device=device)
         return _Captured(
             indices=torch.zeros(bucket, dtype=index_dtype, device=device),
             offsets=torch.empty_like(offsets), per_sample_weights=psw,
             grad_output=grad_output.new_empty(0) if in_place else torch.empty_like(grad_output),
-            hyper=step[words:].view(torch.float64) if fill else torch.empty(len(HYPER_FIELDS), dtype=torch.float64,
-                                                                            device=device),
-            grad_cell=None if not in_place else step[GRAD_WORD:GRAD_WORD + 1] if fill else torch.zeros(
-                1, dtype=torch.int64, device=device),
-            step=step,
+            hyper=hyper, grad_cell=grad_cell, step=step,
         )  # fmt: skip
 
     @staticmethod

@@ -209,10 +209,11 @@ class RunsLaunch:
     bits that hold every row, the bag carried beside each id when the bags are pooled and
     unscaled, else an int32 position) instead of ``torch.sort`` (all 32 bits, an int64
     position, then a gather of each id's bag). int64 rows (2**31 rows and more) and batches
-    of 2**31 ids or more keep ``torch.sort``. CPU-tested bitwise; not timed in the backward, because the sort alone
-    lost: H200 (``probe_radix_sort``, 41.9M keys of 22 bits with an int32 value, ms) 4.4-4.7
-    against 2.8 for ``torch.sort`` and the gather at a541e15, 6.9-14.5 at 161f483 (a
-    ``tl.sort`` of each whole tile); 5.2M keys 0.55-0.70 against 0.34-0.36."""
+    of 2**31 ids or more keep ``torch.sort``. CPU-tested bitwise; not timed in the backward,
+    because the sort alone lost: H200 (``probe_radix_sort``, 41.9M keys of 22 bits with an
+    int32 value, ms) 4.4-4.7 against 2.8 for ``torch.sort`` and the gather at a541e15,
+    6.9-14.5 at 161f483 (a ``tl.sort`` of each whole tile); 5.2M keys 0.55-0.70 against
+    0.34-0.36."""
     radix_sizes: RadixSizes = RadixSizes()
     """``radix_sort``: the sort's launch sizes."""
     piece_programs_per_sm: int = 16

@@ -120,7 +120,7 @@ def test_self_check_pairs_each_provider_with_its_twin(tmp_path):
 def test_suites_select_current_production_and_named_configs():
     current, production = suite.suite_configs(False, "current"), suite.suite_configs(False, "production")
     names = {cfg.name for cfg in production}
-    assert {"fbgemm-standard", "ctr-mix", "ctr-mix-fp16", "user-id", "long-bags", "wide-d512-fp16"} <= names
+    assert {"fbgemm-standard", "ctr-mix", "ctr-mix-fp16", "user-id", "long-bags", "wide-d512-fp16", "ctr-dlrm"} <= names
     assert all(isinstance(cfg, TBEConfig) for cfg in current) and "fbgemm-standard" in {c.name for c in current}
     every = [cfg.name for cfg in suite.suite_configs(False, "all")]
     assert len(every) == len(set(every)) == len(current) + len(production) - 1  # fbgemm-standard in both

@@ -15,7 +15,7 @@ Imported by the benchmarks only; imports ``common`` and ``tbe_plugin.workloads``
 import torch
 
 from tbe_plugin.benchmarks.common import INDEX_DTYPES, BenchConfig, TBEConfig
-from tbe_plugin.workloads import TableWorkload, Workload, ctr_mix
+from tbe_plugin.workloads import TableWorkload, Workload, ctr_mix, ctr_tables_dlrm
 
 SUITES = ("all", "current", "production")
 
@@ -70,6 +70,9 @@ DEVICE_PRODUCTION = [
     # Wide rows: D=512 fp16, Poisson(20), mild skew: 16.4 GB per provider.
     Workload("wide-d512-fp16", tuple(TableWorkload(rows=1_000_000, dim=512, mean_pooling=20, alpha=1.05)
                                      for _ in range(16)), batch_size=8192, weights_precision="fp16"),
+    # The end-to-end benchmark's tables (pipelines.bench.e2e): 30 DLRM tables of D=128 fp32,
+    # Poisson(1..60) bags, alpha 1.05..1.3, B=16384: 15.4M lookups, 16.1 GB per provider.
+    Workload("ctr-dlrm", ctr_tables_dlrm(), batch_size=16384),
 ]
 SMOKE_CONFIGS = SMOKE_CURRENT + SMOKE_PRODUCTION
 DEVICE_CONFIGS = DEVICE_CURRENT + DEVICE_PRODUCTION[1:]

@@ -27,7 +27,7 @@ from tbe_plugin.benchmarks.common import collect_environment
 from tbe_plugin.ops.embedding_forward import (_work_items, forward_into, pooled_launch_config, pooled_tile_classes,
                                               wide_rows)
 from tbe_plugin.benchmarks.suite import DEVICE_PRODUCTION
-from tbe_plugin.workloads import TableWorkload, Workload, ctr_tables_dlrm, generate_batch
+from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
 ZIPF_ALPHA = 1.15
 # name -> (T, B, L, dims, weights dtype, Zipf alpha of the ids; 0 = uniform)
@@ -48,12 +48,9 @@ SHAPES = {
     "L20-D512-fp32-zipf": (16, 8192, 20, [512], torch.float32, 1.05),
 }
 # name -> a production-shaped workload (its own rows, dims, bag-length laws and skew): the
-# end-to-end benchmark's tables and the kernel suite's production configs (but FBGEMM's
-# fixed-length B=512, which ``SHAPES`` has as L20-B512).
-WORKLOADS = {
-    "ctr-dlrm": Workload("ctr-dlrm", ctr_tables_dlrm(), batch_size=16384),
-    **{w.name: w for w in DEVICE_PRODUCTION if isinstance(w, Workload)},
-}
+# kernel suite's production configs, the end-to-end benchmark's tables (ctr-dlrm) among them
+# (but FBGEMM's fixed-length B=512, which ``SHAPES`` has as L20-B512).
+WORKLOADS = {w.name: w for w in DEVICE_PRODUCTION if isinstance(w, Workload)}
 
 
 def candidates(L: int, max_dim: int, elem: int, first=()):

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call: Nsight Compute on the TBE kernels of suite configs, ours and FBGEMM's, in
+# the kernel suite's own process (same modules, same inputs): where a kernel's time goes
+# (speed of light, memory hierarchy hit rates, occupancy, warp stalls, registers). Before
+# it, the configs timed plainly (5 rounds). Results under $OUT: device.txt, timed.{json,md}
+# (the suite's report for CONFIGS), ncu_<config>_<pass>.txt (ncu's details page).
+#   CONFIGS (default ctr-dlrm,long-bags): suite configs;
+#   KERNELS (default forward): forward (ours _pooled_forward_kernel, FBGEMM's
+#     *codegen_forward*) and/or backward (ours _pieces_kernel, FBGEMM's *backward_codegen*).
+# After the GPU stack's second call (../shared/device/README.md):
+#   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_ncu.sh
+source "$(dirname "$0")/device_common.sh" "Nsight Compute: ${CONFIGS:-ctr-dlrm,long-bags} ${KERNELS:-forward}"
+CONFIGS=${CONFIGS:-ctr-dlrm,long-bags}
+echo "=== timed $(date +%T)"
+timeout ${TIMED_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.backward --out "$OUT/timed" --configs "$CONFIGS" \
+  --iters 5 --warmup 2 --batches 2 2>&1 | grep "| fwd |\|| bwd |" | tail -8
+for name in $(echo "$CONFIGS" | tr , ' '); do
+  for pass in $(echo "${KERNELS:-forward}" | tr , ' '); do
+    case $pass in
+      forward) regex='_pooled_forward_kernel|codegen_forward' ;;
+      backward) regex='_pieces_kernel|backward_codegen' ;;
+      *) echo "KERNELS: forward or backward, got $pass"; exit 2 ;;
+    esac
+    echo "=== ncu $name $pass $(date +%T)"
+    # The suite's check step runs each provider's forward (and backward) once, then the
+    # timed calls: 6 launches profiled cover both providers. Clocks as the suite ran them
+    # (--clock-control none); caches flushed before each replay (ncu's default).
+    timeout ${NCU_TIMEOUT:-200} ncu --clock-control none -k "regex:$regex" --launch-count ${LAUNCHES:-6} \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --log-file "$OUT/ncu_${name}_${pass}.txt" \
+      python3 -m tbe_plugin.benchmarks.backward --out /tmp/ncu-bench --configs "$name" --iters 1 --warmup 0 \
+      --batches 1 > /dev/null 2>&1
+    echo "rc $? $(grep -c 'Section: GPU Speed Of Light' "$OUT/ncu_${name}_${pass}.txt" 2>/dev/null) kernels profiled"
+    grep -E "^  [_a-z].*\(|Duration|Memory Throughput|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|Registers Per|Achieved Occupancy" \
+      "$OUT/ncu_${name}_${pass}.txt" | head -60
+  done
+done
+echo "=== done $(date +%T)"

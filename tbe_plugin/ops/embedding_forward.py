@@ -30,13 +30,9 @@ from tbe_plugin.ops.indexing import (
     META_ROWS,
     _checked_bag_bounds,
     _checked_ids,
+    _mean_factors,
 )
-
-@triton.jit
-def _mean_factors(length):
-    """MEAN's factor per bag: 1/L, 0 for an empty bag."""
-    return tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
-
+from tbe_plugin.ops.forward_flat import _flat_pooled_forward_kernel
 
 @triton.jit
 def _pooled_forward_kernel(
@@ -253,7 +249,8 @@ L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
-    shape class. (``forward_into`` also takes five values, PREFETCH then 0.)
+    shape class. (``forward_into`` also takes five values, PREFETCH then 0, and seven: the
+    seventh FLAT, the flat-range kernel of ``forward_flat``.)
 
     Each program is one warp reading a [BLOCK_L, BAGS, BLOCK_D] tile of rows per step:
     many short bags per program when bags are short, a long BLOCK_L when they are long.
@@ -341,14 +338,16 @@ def forward_into(
         return
     if B == 0:
         return
-    bags, block_l, block_d, num_warps, num_stages, *prefetch = config
+    bags, block_l, block_d, num_warps, num_stages, *extra = config
+    prefetch = bool(extra and extra[0])
+    kernel = _flat_pooled_forward_kernel if len(extra) > 1 and extra[1] else _pooled_forward_kernel
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
-    _pooled_forward_kernel[grid](
+    kernel[grid](
         weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
         B, num_features * B, num_indices, out.stride(0),
         MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
-        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=bool(prefetch and prefetch[0]), DIRECT=direct,
+        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=prefetch, DIRECT=direct,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 

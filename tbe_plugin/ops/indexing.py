@@ -87,3 +87,9 @@ def _checked_ids(indices_ptr, pos, mask, rows, status_ptr, CHECK: tl.constexpr):
             tl.atomic_min(status_ptr + _STATUS_FIRST_BAD_ID_POS, first)
         ids = tl.where(bad, 0, ids)
     return ids
+
+
+@triton.jit
+def _mean_factors(length):
+    """MEAN's factor per bag: 1/L, 0 for an empty bag."""
+    return tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)

@@ -171,6 +171,14 @@ def variants():
                 MEAN=False, WEIGHTED=False, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l, BLOCK_D=128,
                 PREFETCH=True, DIRECT=True,
             ), (warps, 1), weights, "*i32"  # fmt: skip
+        # The flat-range kernel (ops.forward_flat): the tiles tune_forward sweeps first, MEAN and
+        # weighted on one of them.
+        for bags, block_l in ((16, 16), (16, 32), (32, 32), (8, 16), (32, 16)):
+            for mean, weighted in ((False, False),) if (bags, block_l) != (16, 16) else ((False, False), (True, True)):
+                yield forward._flat_pooled_forward_kernel, dict(
+                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l,
+                    BLOCK_D=128, PREFETCH=True, DIRECT=True,
+                ), (1, 1), weights, "*i32"  # fmt: skip
         block_n, block_d, warps = forward.unpooled_launch_config(128, elem)
         yield forward._unpooled_forward_kernel, dict(
             WEIGHTED=False, CHECK=True, ALIGN=align, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d

@@ -1,0 +1,63 @@
+"""The flat-range pooled forward (``ops.forward_flat``, launch configs with FLAT) against the
+reference and against the lockstep kernel (CPU, Triton interpreter, small shapes)."""
+
+import pytest
+import torch
+
+from tbe_plugin.ops.embedding_forward import _work_items, forward_into
+from tests.helpers import assert_tbe_close, make_bags
+from tests.ops.test_embedding_forward import build, reference, rows_of
+
+
+def run(emb, indices, offsets, psw, config, direct=False, batch=None):
+    B = batch if batch is not None else (offsets.numel() - 1) // len(emb.feature_dims)
+    work = None if direct else _work_items(emb.feature_dims, config[2], emb.device)
+    out = torch.full((B, sum(emb.feature_dims)), float("nan"))  # every element must be written
+    forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, psw, emb.bounds_check_status,
+                 int(emb.pooling_mode), int(emb.bounds_check_mode), emb._align, config)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_flat_ranges_sum_the_bags_in_order(pooling, weighted):
+    """Bags of 0-23 ids (empty ones too) in programs of 4-16 bags, 4-16 ids a step, ids a step
+    ahead or not: the reference's sums, and bit for bit the lockstep kernel's one id a step
+    (both add a bag's rows one after another; MEAN scales the sum), so a bag that spans
+    steps, starts or ends at a step's edge, or shares a step with others is summed whole."""
+    emb = build(pooling=pooling)
+    B = 7  # programs of 4 bags: the last one part-filled
+    indices, offsets = make_bags(rows_of(emb), B=B, max_len=23, seed=21, hot_fraction=0.3)
+    lengths = offsets[1:] - offsets[:-1]
+    assert (lengths == 0).any() and (lengths > 8).any()
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(21)) if weighted else None
+    expected = reference(emb, indices, offsets, psw)
+    for bags, block_l, block_d, prefetch in [(4, 8, 64, 0), (4, 4, 16, 1), (16, 16, 64, 1), (8, 4, 32, 0)]:
+        out = run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, 1))
+        assert_tbe_close(out, expected, 23)
+        lockstep = run(emb, indices, offsets, psw, (bags, 1, block_d, 1, 1, 0))
+        assert torch.equal(out, lockstep), (bags, block_l, block_d, prefetch)
+        if max(emb.feature_dims) <= block_d:
+            assert torch.equal(run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, 1),
+                                   direct=True), out)  # fmt: skip
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_repaired_offsets_sum_bag_by_bag(pooling):
+    """Offsets the WARNING mode repairs (a decreasing one, an end past the ids) leave bags that
+    overlap or skip ids: the flat kernel sums such a program's bags one by one and gives
+    FBGEMM's repaired sums (as the lockstep kernel, bit for bit); the valid program beside
+    it takes the flat path."""
+    emb = build(specs=[(10, 4)], feature_table_map=[0], bounds_check_mode="WARNING", pooling=pooling)
+    indices = torch.arange(12) % 10
+    offsets = torch.tensor([0, 3, 2, 13, 5, 6, 8, 9, 12])  # bags 0-3 (one program of 4) need repair
+    with pytest.warns(RuntimeWarning, match="invalid offsets"):
+        emb(indices, offsets)  # the module's own launch warns
+    out = run(emb, indices, offsets, None, (4, 4, 16, 1, 1, 1, 1))
+    assert torch.equal(out, run(emb, indices, offsets, None, (4, 1, 16, 1, 1, 0)))
+    # Repaired per bag: start clamped into [0, 12], end into [start, 12]; bag 2 overlaps bag 1.
+    bounds = [(0, 3), (3, 3), (2, 12), (12, 12), (5, 6), (6, 8), (8, 9), (9, 12)]
+    rows = emb.split_embedding_weights()[0]
+    for b, (s, e) in enumerate(bounds):
+        want = rows[indices[s:e]].sum(0) / (e - s if pooling == "MEAN" else 1) if e > s else torch.zeros(4)
+        torch.testing.assert_close(out[b], want, rtol=1e-6, atol=1e-6)

@@ -18,8 +18,7 @@ def run(emb, indices, offsets, psw, config, direct=False, batch=None):
     return out
 
 
-@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
-@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("pooling, weighted", [("SUM", False), ("MEAN", True)])  # the interpreter: ~20 s each
 def test_flat_ranges_sum_the_bags_in_order(pooling, weighted):
     """Bags of 0-23 ids (empty ones too) in programs of 4-16 bags, 4-16 ids a step, ids a step
     ahead or not: the reference's sums, and bit for bit the lockstep kernel's one id a step
@@ -32,7 +31,7 @@ def test_flat_ranges_sum_the_bags_in_order(pooling, weighted):
     assert (lengths == 0).any() and (lengths > 8).any()
     psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(21)) if weighted else None
     expected = reference(emb, indices, offsets, psw)
-    for bags, block_l, block_d, prefetch in [(4, 8, 64, 0), (4, 4, 16, 1), (16, 16, 64, 1), (8, 4, 32, 0)]:
+    for bags, block_l, block_d, prefetch in [(4, 8, 64, 0), (4, 4, 16, 1), (16, 16, 64, 1)]:
         out = run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, 1))
         assert_tbe_close(out, expected, 23)
         lockstep = run(emb, indices, offsets, psw, (bags, 1, block_d, 1, 1, 0))

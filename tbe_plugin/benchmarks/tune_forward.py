@@ -140,10 +140,9 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         max_dim = tile_class[0] if tile_class is not None else max(dims)
         first = production_first(max(class_dims), elem) if mixed_pooling else ()
         # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
-        bags, block_l, block_d, warps, stages, prefetch = pooled_launch_config(
-            L, max_dim, elem, workload.weights_precision == "bf16")
-        siblings = [(bags, block_l, block_d, warps, stages, prefetch),
-                    (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch)]
+        heuristic = pooled_launch_config(L, max_dim, elem, workload.weights_precision == "bf16")
+        bags, block_l, block_d, warps, stages, prefetch, *flat = heuristic
+        siblings = [tuple(heuristic), (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch, *flat)]
         ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))
         first = tuple(siblings) + tuple(c for c in (*ahead, *first) if c not in siblings)
         results = []

@@ -152,12 +152,13 @@ def variants():
         align = vector_alignment([128, 512], elem)
         # The heuristic's classes at D=128, and wide rows (their own tile for 2-byte rows only).
         for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (20, 64), (100, 128), (20, 512)):
-            bags, block_l, block_d, warps, stages, prefetch = forward.pooled_launch_config(avg_len, max_dim, elem,
-                                                                                          weights == "*bf16")
+            bags, block_l, block_d, warps, stages, prefetch, *flat = forward.pooled_launch_config(
+                avg_len, max_dim, elem, weights == "*bf16")
             if max_dim > 128 and block_d != forward.WIDE_TILE:
                 continue  # 4-byte rows: the 128-column tile, compiled above
+            kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel
             for mean, weighted in ((False, False), (True, False), (True, True)):
-                yield forward._pooled_forward_kernel, dict(
+                yield kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l,
                     BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
                 ), (warps, stages), weights, "*i32"  # fmt: skip

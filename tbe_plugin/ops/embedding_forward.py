@@ -32,7 +32,7 @@ from tbe_plugin.ops.indexing import (
     _checked_ids,
     _mean_factors,
 )
-from tbe_plugin.ops.forward_flat import _flat_pooled_forward_kernel
+from tbe_plugin.ops.forward_flat import _bag_marks_kernel, _flat_pooled_forward_kernel
 
 @triton.jit
 def _pooled_forward_kernel(
@@ -250,7 +250,7 @@ L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0, and seven: the
-    seventh FLAT, the flat-range kernel of ``forward_flat``.)
+    seventh FLAT, 1 for the flat-range kernel of ``forward_flat``, 2 for it with bag marks.)
 
     Each program is one warp reading a [BLOCK_L, BAGS, BLOCK_D] tile of rows per step:
     many short bags per program when bags are short, a long BLOCK_L when they are long.
@@ -340,15 +340,26 @@ def forward_into(
         return
     bags, block_l, block_d, num_warps, num_stages, *extra = config
     prefetch = bool(extra and extra[0])
-    kernel = _flat_pooled_forward_kernel if len(extra) > 1 and extra[1] else _pooled_forward_kernel
+    flat = extra[1] if len(extra) > 1 else 0  # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
-    kernel[grid](
-        weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
-        B, num_features * B, num_indices, out.stride(0),
-        MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
-        BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=prefetch, DIRECT=direct,
-        num_warps=num_warps, num_stages=num_stages,
+    modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
+                 BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=prefetch, DIRECT=direct,
+                 num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    if not flat:
+        _pooled_forward_kernel[grid](
+            weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
+            B, num_features * B, num_indices, out.stride(0), **modes,
+        )  # fmt: skip
+        return
+    marks = indices  # placeholder pointer, never read
+    if flat == 2:
+        marks = torch.zeros(num_indices + 1, dtype=torch.int32, device=indices.device)
+        _bag_marks_kernel[(cdiv(num_features * B, 1024),)](offsets, marks, B, num_features * B, num_indices,
+                                                           BLOCK=1024)  # fmt: skip
+    _flat_pooled_forward_kernel[grid](
+        weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, marks, out, status,
+        B, num_features * B, num_indices, out.stride(0), MARKS=flat == 2, **modes,
     )  # fmt: skip
 
 

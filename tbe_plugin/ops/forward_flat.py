@@ -43,6 +43,7 @@ def _flat_pooled_forward_kernel(
     indices_ptr,
     offsets_ptr,
     per_sample_weights_ptr,
+    marks_ptr,  # MARKS: [num_indices + 1] int32 of ``_bag_marks_kernel``
     out_ptr,
     status_ptr,
     B,
@@ -58,6 +59,7 @@ def _flat_pooled_forward_kernel(
     BLOCK_D: tl.constexpr,  # columns per program
     PREFETCH: tl.constexpr,  # load the next step's ids while this step's rows are read
     DIRECT: tl.constexpr,  # a program column per feature, one column block each: no work items
+    MARKS: tl.constexpr,  # where bags open and close read from marks_ptr, not found among the BAGS bounds
 ):
     pid_bag = tl.program_id(0)
     pid_work = tl.program_id(1)
@@ -90,7 +92,9 @@ def _flat_pooled_forward_kernel(
     tl.store(out_ptr + b[:, None].to(tl.int64) * row_stride + out_col + cols[None, :],
              tl.zeros((BAGS, BLOCK_D), dtype=out_dtype), mask=empty[:, None] & col_mask[None, :])  # fmt: skip
     repaired = 0
-    if CHECK:
+    if MARKS:
+        repaired = tl.load(marks_ptr + num_indices)  # offsets somewhere in the batch not a valid partition
+    elif CHECK:
         raw_start = tl.load(offsets_ptr + bag, mask=b_mask, other=0).to(tl.int64)
         raw_end = tl.load(offsets_ptr + bag + 1, mask=b_mask, other=0).to(tl.int64)
         repaired = tl.sum((b_mask & ((raw_start != start) | (raw_end != end))).to(tl.int32), axis=0)
@@ -105,11 +109,13 @@ def _flat_pooled_forward_kernel(
         first = tl.min(tl.where(b_mask, start, num_indices), axis=0)
         stop = tl.max(tl.where(b_mask, end, 0), axis=0)
         nonempty = b_mask & (length > 0)
-        if MEAN:
+        if MEAN and not MARKS:
             factors = _mean_factors(length)
         carry = tl.zeros((BLOCK_D,), dtype=tl.float32)
         if PREFETCH:
             next_ids = _checked_ids(indices_ptr, first + steps, first + steps < stop, rows, status_ptr, CHECK)
+            if MARKS:
+                next_marks = tl.load(marks_ptr + first + steps, mask=first + steps < stop, other=0)
         for p0 in range(first, stop, BLOCK_L):
             pos = p0 + steps
             pos_mask = pos < stop
@@ -120,26 +126,43 @@ def _flat_pooled_forward_kernel(
             row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
             vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :],
                            mask=pos_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            if MARKS:
+                if PREFETCH:
+                    marks = next_marks
+                else:
+                    marks = tl.load(marks_ptr + pos, mask=pos_mask, other=0)
             if PREFETCH:
                 ahead = pos + BLOCK_L
                 next_ids = _checked_ids(indices_ptr, ahead, ahead < stop, rows, status_ptr, CHECK)
+                if MARKS:
+                    next_marks = tl.load(marks_ptr + ahead, mask=ahead < stop, other=0)
             if WEIGHTED:
                 w = tl.load(per_sample_weights_ptr + pos, mask=pos_mask, other=0.0)
                 vals = vals * w.to(tl.float32)[:, None]
-            # Where each nonempty bag opens and closes in this step (an id opens at most one bag
-            # and closes at most one): the bag a closing id ends names the output row.
-            opens = tl.sum(((start[None, :] == pos[:, None]) & nonempty[None, :]).to(tl.int32), axis=1)
-            at_end = (end[None, :] - 1 == pos[:, None]) & nonempty[None, :]
-            closes = tl.sum(at_end.to(tl.int32), axis=1) > 0
-            owner = tl.sum(tl.where(at_end, local[None, :], 0), axis=1)
+            if MARKS:
+                opens = marks & 1
+                closes = marks >= 2
+                out_b = ((marks >> 1) - 1).to(tl.int64)
+            else:
+                # Where each nonempty bag opens and closes in this step (an id opens at most one
+                # bag and closes at most one): the bag a closing id ends names the output row.
+                opens = tl.sum(((start[None, :] == pos[:, None]) & nonempty[None, :]).to(tl.int32), axis=1)
+                at_end = (end[None, :] - 1 == pos[:, None]) & nonempty[None, :]
+                closes = tl.sum(at_end.to(tl.int32), axis=1) > 0
+                out_b = (pid_bag * BAGS + tl.sum(tl.where(at_end, local[None, :], 0), axis=1)).to(tl.int64)
             vals = vals + tl.where(steps[:, None] == 0, carry[None, :], 0.0)
             _, sums = tl.associative_scan((tl.broadcast_to(opens[:, None], (BLOCK_L, BLOCK_D)), vals), 0,
                                           _segmented_add)  # fmt: skip
             if MEAN:
-                sums_out = sums * tl.sum(tl.where(at_end, factors[None, :], 0.0), axis=1)[:, None]
+                if MARKS:
+                    closing = feature * B + out_b
+                    bag_start = tl.load(offsets_ptr + closing, mask=closes, other=0)
+                    scale = _mean_factors(tl.load(offsets_ptr + closing + 1, mask=closes, other=0) - bag_start)
+                else:
+                    scale = tl.sum(tl.where(at_end, factors[None, :], 0.0), axis=1)
+                sums_out = sums * scale[:, None]
             else:
                 sums_out = sums
-            out_b = (pid_bag * BAGS + owner).to(tl.int64)
             tl.store(out_ptr + out_b[:, None] * row_stride + out_col + cols[None, :], sums_out.to(out_dtype),
                      mask=(closes & pos_mask)[:, None] & col_mask[None, :])  # fmt: skip
             # The last row's bag goes on into the next step unless it closed here.
@@ -177,3 +200,25 @@ def _bags_one_by_one(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, 
                 acc = acc * _mean_factors(e - s)
             tl.store(out_ptr + (first_b + j).to(tl.int64) * row_stride + out_col + cols,
                      acc.to(out_ptr.dtype.element_ty), mask=col_mask)  # fmt: skip
+
+
+@triton.jit
+def _bag_marks_kernel(offsets_ptr, marks_ptr, B, total_bags, num_indices, BLOCK: tl.constexpr):
+    """``marks`` (zeros on entry, ``num_indices + 1`` int32) for the flat kernel's MARKS mode:
+    at a bag's first id bit 0 set, at its last id (b + 1) << 1, b the bag's output row (one
+    id can carry both); ``marks[num_indices]`` set when some bag's offsets are out of range
+    or decreasing (or the last does not end at ``num_indices``), where bags may overlap:
+    every program then sums its bags one by one. Valid offsets partition the ids, so no two
+    bags mark one id."""
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = g < total_bags
+    start = tl.load(offsets_ptr + g, mask=mask, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + g + 1, mask=mask, other=0).to(tl.int64)
+    bad = mask & ((start < 0) | (end < start) | (end > num_indices) | ((g == total_bags - 1) & (end != num_indices)))
+    if tl.sum(bad.to(tl.int32), axis=0) > 0:
+        tl.atomic_max(marks_ptr + num_indices, 1)
+    marked = mask & ~bad & (end > start)
+    close = (((g % B) + 1) << 1).to(tl.int32)
+    single = end - start == 1
+    tl.store(marks_ptr + start, tl.where(single, close | 1, 1), mask=marked)
+    tl.store(marks_ptr + end - 1, close, mask=marked & ~single)

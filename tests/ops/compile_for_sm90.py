@@ -34,7 +34,7 @@ FLOAT_POINTERS += ("cell_sums_ptr",)
 FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
 INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
-INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr")
+INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr")
 FLOAT_POINTERS += ("out_scale_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
@@ -157,10 +157,11 @@ def variants():
             if max_dim > 128 and block_d != forward.WIDE_TILE:
                 continue  # 4-byte rows: the 128-column tile, compiled above
             kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel
+            marks = dict(MARKS=flat[0] == 2) if flat and flat[0] else {}
             for mean, weighted in ((False, False), (True, False), (True, True)):
                 yield kernel, dict(
                     MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l,
-                    BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20,
+                    BLOCK_D=block_d, PREFETCH=bool(prefetch), DIRECT=avg_len == 20, **marks,
                 ), (warps, stages), weights, "*i32"  # fmt: skip
         if weights == "*bf16":
             continue
@@ -172,14 +173,18 @@ def variants():
                 MEAN=False, WEIGHTED=False, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l, BLOCK_D=128,
                 PREFETCH=True, DIRECT=True,
             ), (warps, 1), weights, "*i32"  # fmt: skip
-        # The flat-range kernel (ops.forward_flat): the tiles tune_forward sweeps first, MEAN and
-        # weighted on one of them.
+        # The flat-range kernel (ops.forward_flat) with and without bag marks: the tiles
+        # tune_forward sweeps first, MEAN and weighted on one of them.
         for bags, block_l in ((16, 16), (16, 32), (32, 32), (8, 16), (32, 16)):
-            for mean, weighted in ((False, False),) if (bags, block_l) != (16, 16) else ((False, False), (True, True)):
-                yield forward._flat_pooled_forward_kernel, dict(
-                    MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l,
-                    BLOCK_D=128, PREFETCH=True, DIRECT=True,
-                ), (1, 1), weights, "*i32"  # fmt: skip
+            for marks in (False, True):
+                for mean, weighted in ((False, False),) if (bags, block_l) != (16, 16) else ((False, False),
+                                                                                              (True, True)):
+                    yield forward._flat_pooled_forward_kernel, dict(
+                        MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, BLOCK_L=block_l,
+                        BLOCK_D=128, PREFETCH=True, DIRECT=True, MARKS=marks,
+                    ), (1, 1), weights, "*i32"  # fmt: skip
+        if elem == 4:
+            yield forward._bag_marks_kernel, dict(BLOCK=1024), 4, weights, "*i32"
         block_n, block_d, warps = forward.unpooled_launch_config(128, elem)
         yield forward._unpooled_forward_kernel, dict(
             WEIGHTED=False, CHECK=True, ALIGN=align, SEARCH_STEPS=6, BLOCK_N=block_n, BLOCK_D=block_d

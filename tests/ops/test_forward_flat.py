@@ -28,16 +28,17 @@ def test_flat_ranges_sum_the_bags_in_order(pooling, weighted):
     B = 7  # programs of 4 bags: the last one part-filled
     indices, offsets = make_bags(rows_of(emb), B=B, max_len=23, seed=21, hot_fraction=0.3)
     lengths = offsets[1:] - offsets[:-1]
-    assert (lengths == 0).any() and (lengths > 8).any()
+    assert (lengths == 0).any() and (lengths == 1).any() and (lengths > 8).any()
     psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(21)) if weighted else None
     expected = reference(emb, indices, offsets, psw)
-    for bags, block_l, block_d, prefetch in [(4, 8, 64, 0), (4, 4, 16, 1), (16, 16, 64, 1)]:
-        out = run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, 1))
+    for bags, block_l, block_d, prefetch, flat in [(4, 8, 64, 0, 1), (4, 4, 16, 1, 2), (16, 16, 64, 1, 1),
+                                                   (8, 8, 64, 1, 2)]:  # fmt: skip
+        out = run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, flat))
         assert_tbe_close(out, expected, 23)
         lockstep = run(emb, indices, offsets, psw, (bags, 1, block_d, 1, 1, 0))
-        assert torch.equal(out, lockstep), (bags, block_l, block_d, prefetch)
+        assert torch.equal(out, lockstep), (bags, block_l, block_d, prefetch, flat)
         if max(emb.feature_dims) <= block_d:
-            assert torch.equal(run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, 1),
+            assert torch.equal(run(emb, indices, offsets, psw, (bags, block_l, block_d, 1, 1, prefetch, flat),
                                    direct=True), out)  # fmt: skip
 
 
@@ -54,6 +55,8 @@ def test_repaired_offsets_sum_bag_by_bag(pooling):
         emb(indices, offsets)  # the module's own launch warns
     out = run(emb, indices, offsets, None, (4, 4, 16, 1, 1, 1, 1))
     assert torch.equal(out, run(emb, indices, offsets, None, (4, 1, 16, 1, 1, 0)))
+    # With bag marks, a bad offset anywhere sends every program bag by bag: the same sums.
+    assert torch.equal(out, run(emb, indices, offsets, None, (4, 4, 16, 1, 1, 1, 2)))
     # Repaired per bag: start clamped into [0, 12], end into [start, 12]; bag 2 overlaps bag 1.
     bounds = [(0, 3), (3, 3), (2, 12), (12, 12), (5, 6), (6, 8), (8, 9), (9, 12)]
     rows = emb.split_embedding_weights()[0]

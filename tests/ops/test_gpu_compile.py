@@ -28,7 +28,8 @@ def test_every_kernel_compiles_for_sm90(compiled):
             "_positions_kernel", "_chunk_kernel", "_segment_kernel", "_group_kernel", "_long_run_kernel",
             "_listed_chunks_kernel", "_psw_grad_kernel", "_piece_marks_kernel", "_pieces_kernel",
             "_cell_groups_kernel", "_multi_runs_kernel", "_sorted_operands_kernel", "_graph_fill_kernel",
-            "_tile_histogram_kernel", "_tile_scatter_kernel"} <= kernels  # fmt: skip
+            "_tile_histogram_kernel", "_tile_scatter_kernel", "_flat_pooled_forward_kernel",
+            "_bag_marks_kernel"} <= kernels  # fmt: skip
     failures = [r for r in compiled if "error" in r]
     assert not failures, json.dumps(failures, indent=1)[:4000]
 
@@ -39,7 +40,8 @@ def test_backward_kernels_do_not_spill_registers(compiled):
     at all. The long-run kernel (a program per long run, a few per batch but for hot rows)
     and the group kernel (a program per group of 2048 ids that a long run enters) spill up
     to 8 bytes a thread at some tiles (ptxas, sm_90): up to 64 are allowed there."""
-    forward_kernels = ("_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel")
+    forward_kernels = ("_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel",
+                       "_flat_pooled_forward_kernel")
 
     def allowed(record):
         return 64 if record["kernel"] in ("_long_run_kernel", "_group_kernel", "_multi_runs_kernel") else 0

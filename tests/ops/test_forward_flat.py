@@ -63,3 +63,17 @@ def test_repaired_offsets_sum_bag_by_bag(pooling):
     for b, (s, e) in enumerate(bounds):
         want = rows[indices[s:e]].sum(0) / (e - s if pooling == "MEAN" else 1) if e > s else torch.zeros(4)
         torch.testing.assert_close(out[b], want, rtol=1e-6, atol=1e-6)
+
+
+def test_large_fp32_launches_of_mid_length_bags_take_the_flat_kernel():
+    """The heuristic gives fp32 rows of 128-column blocks in bags of 7-48 ids the flat kernel
+    with bag marks once a launch has FLAT_MIN_IDS ids; smaller launches (host-bound: the
+    marks cost a launch and a zeroed buffer), 16-bit rows and other lengths keep theirs."""
+    from tbe_plugin.ops.embedding_forward import FLAT_MIN_IDS, FLAT_TILE, pooled_launch_config
+
+    assert FLAT_TILE[6] == 2 and FLAT_TILE[2] == 128
+    assert pooled_launch_config(31.3, 128, 4, False, FLAT_MIN_IDS) == FLAT_TILE
+    assert pooled_launch_config(31.3, 128, 4, False, FLAT_MIN_IDS - 1) == pooled_launch_config(31.3, 128, 4)
+    assert len(pooled_launch_config(31.3, 128, 4)) == 6
+    for args in ((31.3, 128, 2), (31.3, 64, 4), (4.0, 128, 4), (100.0, 128, 4)):
+        assert len(pooled_launch_config(*args, False, 1 << 24)) == 6, args

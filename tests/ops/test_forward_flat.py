@@ -12,7 +12,7 @@ from tests.ops.test_embedding_forward import build, reference, rows_of
 def run(emb, indices, offsets, psw, config, direct=False, batch=None):
     B = batch if batch is not None else (offsets.numel() - 1) // len(emb.feature_dims)
     work = None if direct else _work_items(emb.feature_dims, config[2], emb.device)
-    out = torch.full((B, sum(emb.feature_dims)), float("nan"))  # every element must be written
+    out = torch.full((B, sum(emb.feature_dims)), float("nan"), device=indices.device)  # every element written
     forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, psw, emb.bounds_check_status,
                  int(emb.pooling_mode), int(emb.bounds_check_mode), emb._align, config)  # fmt: skip
     return out
@@ -77,3 +77,33 @@ def test_large_fp32_launches_of_mid_length_bags_take_the_flat_kernel():
     assert len(pooled_launch_config(31.3, 128, 4)) == 6
     for args in ((31.3, 128, 2), (31.3, 64, 4), (4.0, 128, 4), (100.0, 128, 4)):
         assert len(pooled_launch_config(*args, False, 1 << 24)) == 6, args
+
+
+@pytest.mark.gpu
+def test_flat_kernel_on_the_device_matches_the_lockstep_kernel():
+    """On CUDA, the module's forward of a production-shaped batch large enough for the flat
+    kernel (Poisson bags of means 5-40, Zipf ids, ~2.4M ids) equals the lockstep kernel's
+    within fp32 rounding, gives the same bits twice, and with one bad offset (WARNING: every
+    program then sums its bags one by one) the lockstep kernel's repaired sums."""
+    from tbe_plugin import TritonTableBatchedEmbeddingBags
+    from tbe_plugin.ops.embedding_forward import FLAT_MIN_IDS
+    from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
+
+    tables = tuple(TableWorkload(rows=100_000, dim=128, mean_pooling=5.0 + 5 * t, alpha=1.1) for t in range(8))
+    workload = Workload("flat", tables, batch_size=16384)
+    emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in tables], bounds_check_mode="WARNING",
+                                          device="cuda")  # fmt: skip
+    emb.init_embedding_weights_uniform(-1, 1)
+    indices, offsets, _ = generate_batch(workload, seed=3, device="cuda")
+    assert indices.numel() >= FLAT_MIN_IDS
+    with torch.no_grad():
+        out = emb(indices, offsets)
+        assert torch.equal(out, emb(indices, offsets))
+        lockstep = run(emb, indices, offsets, None, (16, 2, 128, 1, 1, 1), batch=16384)
+        torch.testing.assert_close(out, lockstep, rtol=1e-5, atol=1e-5)
+        bad = offsets.clone()
+        bad[5] = bad[4] - 1  # bag 4 ends before it starts
+        with pytest.warns(RuntimeWarning, match="invalid offsets"):
+            repaired = emb(indices, bad)
+        torch.testing.assert_close(repaired, run(emb, indices, bad, None, (16, 2, 128, 1, 1, 1), batch=16384),
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip

@@ -246,14 +246,6 @@ def pooled_tile(dim: int, wide: bool = False) -> int:
 # (160 registers against 224; the only such launch swept).
 L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 
-# fp32 rows of 128-column blocks in bags of 7-48 ids, in launches of at least FLAT_MIN_IDS
-# ids: the flat-range kernel with bag marks (``forward_flat``; 16 bags a program, 32 ids a
-# step, ids and marks a step ahead; sm_90: 220 registers, no spills). Below that size the
-# marks' zeroed buffer and extra launch cost host time a host-bound forward would show.
-FLAT_TILE = (16, 32, 128, 1, 1, 1, 2)
-FLAT_MIN_IDS = 1 << 20
-
-
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False, num_indices: int = 0):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0, and seven: the
@@ -270,10 +262,10 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     104 bytes a thread there (fp16: none; ptxas, sm_90) and the suite's bf16 forward went
     from 0.497 to 0.684 ms (f39d6dc), so bf16 keeps the three-stage tile. Wide 2-byte rows
     (``wide_rows``) read whole: a warp a bag, 8 ids a step, ids a step ahead. 16-bit rows
-    of 128-column blocks and fp32 rows of 64 in bags of 7-48 ids: ``L20_TILES``. fp32 rows
-    of 128-column blocks in bags of 7-48 ids, ``num_indices`` (the launch's ids) at least
-    ``FLAT_MIN_IDS``: ``FLAT_TILE``, the flat-range kernel, whose steps do not wait on a
-    program's longest bag.
+    of 128-column blocks and fp32 rows of 64 in bags of 7-48 ids: ``L20_TILES``. No config
+    picks the flat-range kernel (``forward_flat``): on skewed ids it ran 1.6-3.8x slower
+    than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``). ``num_indices``
+    (the launch's ids) is for a heuristic that sizes by them; none does now.
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -285,8 +277,6 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
     if avg_len <= 48:
-        if elem_size == 4 and block_d == 128 and num_indices >= FLAT_MIN_IDS:
-            return FLAT_TILE
         if (elem_size, block_d) in L20_TILES:
             return L20_TILES[elem_size, block_d]
         return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)

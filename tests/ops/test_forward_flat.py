@@ -4,6 +4,7 @@ reference and against the lockstep kernel (CPU, Triton interpreter, small shapes
 import pytest
 import torch
 
+from tbe_plugin.ops.common import STATUS_BAD_OFFSETS
 from tbe_plugin.ops.embedding_forward import _work_items, forward_into
 from tests.helpers import assert_tbe_close, make_bags
 from tests.ops.test_embedding_forward import build, reference, rows_of
@@ -65,28 +66,13 @@ def test_repaired_offsets_sum_bag_by_bag(pooling):
         torch.testing.assert_close(out[b], want, rtol=1e-6, atol=1e-6)
 
 
-def test_large_fp32_launches_of_mid_length_bags_take_the_flat_kernel():
-    """The heuristic gives fp32 rows of 128-column blocks in bags of 7-48 ids the flat kernel
-    with bag marks once a launch has FLAT_MIN_IDS ids; smaller launches (host-bound: the
-    marks cost a launch and a zeroed buffer), 16-bit rows and other lengths keep theirs."""
-    from tbe_plugin.ops.embedding_forward import FLAT_MIN_IDS, FLAT_TILE, pooled_launch_config
-
-    assert FLAT_TILE[6] == 2 and FLAT_TILE[2] == 128
-    assert pooled_launch_config(31.3, 128, 4, False, FLAT_MIN_IDS) == FLAT_TILE
-    assert pooled_launch_config(31.3, 128, 4, False, FLAT_MIN_IDS - 1) == pooled_launch_config(31.3, 128, 4)
-    assert len(pooled_launch_config(31.3, 128, 4)) == 6
-    for args in ((31.3, 128, 2), (31.3, 64, 4), (4.0, 128, 4), (100.0, 128, 4)):
-        assert len(pooled_launch_config(*args, False, 1 << 24)) == 6, args
-
-
 @pytest.mark.gpu
 def test_flat_kernel_on_the_device_matches_the_lockstep_kernel():
-    """On CUDA, the module's forward of a production-shaped batch large enough for the flat
-    kernel (Poisson bags of means 5-40, Zipf ids, ~2.4M ids) equals the lockstep kernel's
-    within fp32 rounding, gives the same bits twice, and with one bad offset (WARNING: every
-    program then sums its bags one by one) the lockstep kernel's repaired sums."""
+    """On CUDA, the flat kernel with bag marks on a production-shaped batch (Poisson bags of
+    means 5-40, Zipf ids, ~2.4M ids) equals the lockstep kernel's within fp32 rounding and
+    gives the same bits twice, and with one bad offset (WARNING: every program then sums
+    its bags one by one) the lockstep kernel's repaired sums."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
-    from tbe_plugin.ops.embedding_forward import FLAT_MIN_IDS
     from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
     tables = tuple(TableWorkload(rows=100_000, dim=128, mean_pooling=5.0 + 5 * t, alpha=1.1) for t in range(8))
@@ -95,15 +81,13 @@ def test_flat_kernel_on_the_device_matches_the_lockstep_kernel():
                                           device="cuda")  # fmt: skip
     emb.init_embedding_weights_uniform(-1, 1)
     indices, offsets, _ = generate_batch(workload, seed=3, device="cuda")
-    assert indices.numel() >= FLAT_MIN_IDS
+    flat, lockstep = (32, 32, 128, 1, 1, 1, 2), (16, 2, 128, 1, 1, 1)
     with torch.no_grad():
-        out = emb(indices, offsets)
-        assert torch.equal(out, emb(indices, offsets))
-        lockstep = run(emb, indices, offsets, None, (16, 2, 128, 1, 1, 1), batch=16384)
-        torch.testing.assert_close(out, lockstep, rtol=1e-5, atol=1e-5)
+        out = run(emb, indices, offsets, None, flat)
+        assert torch.equal(out, run(emb, indices, offsets, None, flat))
+        torch.testing.assert_close(out, run(emb, indices, offsets, None, lockstep), rtol=1e-5, atol=1e-5)
         bad = offsets.clone()
         bad[5] = bad[4] - 1  # bag 4 ends before it starts
-        with pytest.warns(RuntimeWarning, match="invalid offsets"):
-            repaired = emb(indices, bad)
-        torch.testing.assert_close(repaired, run(emb, indices, bad, None, (16, 2, 128, 1, 1, 1), batch=16384),
+        torch.testing.assert_close(run(emb, indices, bad, None, flat), run(emb, indices, bad, None, lockstep),
                                    rtol=1e-5, atol=1e-5)  # fmt: skip
+        assert int(emb.bounds_check_status[STATUS_BAD_OFFSETS]) > 0  # the bad offset was counted

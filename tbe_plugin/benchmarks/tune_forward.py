@@ -140,7 +140,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         max_dim = tile_class[0] if tile_class is not None else max(dims)
         first = production_first(max(class_dims), elem) if mixed_pooling else ()
         # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
-        heuristic = pooled_launch_config(L, max_dim, elem, workload.weights_precision == "bf16", indices.numel())
+        heuristic = pooled_launch_config(L, max_dim, elem, workload.weights_precision == "bf16")
         bags, block_l, block_d, warps, stages, prefetch, *flat = heuristic
         siblings = [tuple(heuristic), (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch, *flat)]
         ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))

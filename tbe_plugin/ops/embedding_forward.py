@@ -246,7 +246,8 @@ def pooled_tile(dim: int, wide: bool = False) -> int:
 # (160 registers against 224; the only such launch swept).
 L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 
-def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False, num_indices: int = 0):
+
+def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0, and seven: the
     seventh FLAT, 1 for the flat-range kernel of ``forward_flat``, 2 for it with bag marks.)
@@ -264,8 +265,7 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     (``wide_rows``) read whole: a warp a bag, 8 ids a step, ids a step ahead. 16-bit rows
     of 128-column blocks and fp32 rows of 64 in bags of 7-48 ids: ``L20_TILES``. No config
     picks the flat-range kernel (``forward_flat``): on skewed ids it ran 1.6-3.8x slower
-    than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``). ``num_indices``
-    (the launch's ids) is for a heuristic that sizes by them; none does now.
+    than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``).
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -445,7 +445,7 @@ def launch_forward(
         avg_len = indices.numel() / max(num_bags, 1)
         classes = pooled_tile_classes(dims, wide_rows(avg_len, elem))
         for tile, features in classes:
-            config = pooled_launch_config(avg_len, tile, elem, weights.dtype == torch.bfloat16, indices.numel())
+            config = pooled_launch_config(avg_len, tile, elem, weights.dtype == torch.bfloat16)
             # One class whose rows fit one column block: a program column per feature.
             direct = len(classes) == 1 and max(dims) <= config[2]
             work = None if direct else _work_items(dims, config[2], weights.device,

@@ -31,6 +31,7 @@ from tbe_plugin.ops.indexing import (
     _checked_bag_bounds,
     _checked_ids,
     _mean_factors,
+    _pooled_column_block,
 )
 from tbe_plugin.ops.forward_flat import _bag_marks_kernel, _flat_pooled_forward_kernel
 
@@ -59,26 +60,9 @@ def _pooled_forward_kernel(
     DIRECT: tl.constexpr,  # a program column per feature, one column block each: no work items
 ):
     pid_bag = tl.program_id(0)
-    pid_work = tl.program_id(1)
-    if DIRECT:  # one dependent load fewer before the offsets
-        feature = pid_work.to(tl.int64)
-    else:
-        feature = tl.load(work_ptr + 2 * pid_work)
-    # Values loaded from memory tell Triton nothing of their divisibility, and a load is a
-    # vector load only where its pointers are aligned and its mask constant over the vector:
-    # every D, column start and output column is a multiple of ALIGN (d_start of BLOCK_D),
-    # so writing them as such (no-op arithmetic) lets `cols < dim` hold over ALIGN columns
-    # and turns the row gathers from ALIGN scalar loads into one 16-byte load
-    # (sm_90 PTX: ld.global.b32 -> ld.global.v4.b32).
-    if DIRECT:
-        d_start = feature * 0  # int64, as the loaded one
-    else:
-        d_start = tl.load(work_ptr + 2 * pid_work + 1) // BLOCK_D * BLOCK_D
-    meta = feature_meta_ptr + feature * _META_COLS
-    weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
-    rows = tl.load(meta + _META_ROWS)
-    dim = tl.load(meta + _META_DIM) // ALIGN * ALIGN
-    out_col = tl.load(meta + _META_OUT_OFFSET) // ALIGN * ALIGN
+    feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
+        feature_meta_ptr, work_ptr, tl.program_id(1), ALIGN, BLOCK_D, DIRECT
+    )
 
     b = pid_bag * BAGS + tl.arange(0, BAGS)
     b_mask = b < B

@@ -23,16 +23,7 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.backward_runs import _segmented_add
-from tbe_plugin.ops.indexing import (
-    _META_COLS,
-    _META_DIM,
-    _META_OUT_OFFSET,
-    _META_ROWS,
-    _META_WEIGHT_OFFSET,
-    _checked_bag_bounds,
-    _checked_ids,
-    _mean_factors,
-)
+from tbe_plugin.ops.indexing import _checked_bag_bounds, _checked_ids, _mean_factors, _pooled_column_block
 
 
 @triton.jit
@@ -62,19 +53,9 @@ def _flat_pooled_forward_kernel(
     MARKS: tl.constexpr,  # where bags open and close read from marks_ptr, not found among the BAGS bounds
 ):
     pid_bag = tl.program_id(0)
-    pid_work = tl.program_id(1)
-    # The prologue is the lockstep kernel's (see its notes on ALIGN and vector loads).
-    if DIRECT:
-        feature = pid_work.to(tl.int64)
-        d_start = feature * 0
-    else:
-        feature = tl.load(work_ptr + 2 * pid_work)
-        d_start = tl.load(work_ptr + 2 * pid_work + 1) // BLOCK_D * BLOCK_D
-    meta = feature_meta_ptr + feature * _META_COLS
-    weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
-    rows = tl.load(meta + _META_ROWS)
-    dim = tl.load(meta + _META_DIM) // ALIGN * ALIGN
-    out_col = tl.load(meta + _META_OUT_OFFSET) // ALIGN * ALIGN
+    feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
+        feature_meta_ptr, work_ptr, tl.program_id(1), ALIGN, BLOCK_D, DIRECT
+    )
     row_stride = out_stride // ALIGN * ALIGN
 
     local = tl.arange(0, BAGS)
@@ -123,9 +104,7 @@ def _flat_pooled_forward_kernel(
                 ids = next_ids
             else:
                 ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
-            row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
-            vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :],
-                           mask=pos_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            vals = _gather_rows(weights_ptr, weight_offset, ids, dim, cols, pos_mask, col_mask, ALIGN)
             if MARKS:
                 if PREFETCH:
                     marks = next_marks
@@ -172,6 +151,14 @@ def _flat_pooled_forward_kernel(
 
 
 @triton.jit
+def _gather_rows(weights_ptr, weight_offset, ids, dim, cols, pos_mask, col_mask, ALIGN: tl.constexpr):
+    """The rows of ``ids`` (a step's), their ``cols``, in fp32: [ids, cols], masked rows 0."""
+    row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
+    return tl.load(weights_ptr + row_start[:, None] + cols[None, :],
+                   mask=pos_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
 def _bags_one_by_one(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, status_ptr, start, end, nonempty,
                      first_b, weight_offset, rows, dim, out_col, row_stride, cols, col_mask, MEAN: tl.constexpr,
                      WEIGHTED: tl.constexpr, CHECK: tl.constexpr, ALIGN: tl.constexpr, BAGS: tl.constexpr,
@@ -189,9 +176,7 @@ def _bags_one_by_one(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, 
                 pos = p0 + steps
                 pos_mask = pos < e
                 ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
-                row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
-                vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :],
-                               mask=pos_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+                vals = _gather_rows(weights_ptr, weight_offset, ids, dim, cols, pos_mask, col_mask, ALIGN)
                 if WEIGHTED:
                     w = tl.load(per_sample_weights_ptr + pos, mask=pos_mask, other=0.0)
                     vals = vals * w.to(tl.float32)[:, None]

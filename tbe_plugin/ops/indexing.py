@@ -93,3 +93,30 @@ def _checked_ids(indices_ptr, pos, mask, rows, status_ptr, CHECK: tl.constexpr):
 def _mean_factors(length):
     """MEAN's factor per bag: 1/L, 0 for an empty bag."""
     return tl.where(length > 0, tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32)), 0.0)
+
+
+@triton.jit
+def _pooled_column_block(feature_meta_ptr, work_ptr, pid_work, ALIGN: tl.constexpr, BLOCK_D: tl.constexpr,
+                         DIRECT: tl.constexpr):  # fmt: skip
+    """A pooled forward program's feature and columns: (feature, first column, the table's
+    weight offset, rows, D, first output column). ``DIRECT``: the program column is the
+    feature (one column block a feature), one dependent load fewer before the offsets.
+
+    Values loaded from memory tell Triton nothing of their divisibility, and a load is a
+    vector load only where its pointers are aligned and its mask constant over the vector:
+    every D, column start and output column is a multiple of ALIGN (a column start of
+    BLOCK_D), so writing them as such (no-op arithmetic) lets ``cols < dim`` hold over ALIGN
+    columns and turns the row gathers from ALIGN scalar loads into one 16-byte load (sm_90
+    PTX: ld.global.b32 -> ld.global.v4.b32)."""
+    if DIRECT:
+        feature = pid_work.to(tl.int64)
+        d_start = feature * 0  # int64, as the loaded one
+    else:
+        feature = tl.load(work_ptr + 2 * pid_work)
+        d_start = tl.load(work_ptr + 2 * pid_work + 1) // BLOCK_D * BLOCK_D
+    meta = feature_meta_ptr + feature * _META_COLS
+    weight_offset = tl.load(meta + _META_WEIGHT_OFFSET)
+    rows = tl.load(meta + _META_ROWS)
+    dim = tl.load(meta + _META_DIM) // ALIGN * ALIGN
+    out_col = tl.load(meta + _META_OUT_OFFSET) // ALIGN * ALIGN
+    return feature, d_start, weight_offset, rows, dim, out_col

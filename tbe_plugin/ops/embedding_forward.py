@@ -35,6 +35,7 @@ from tbe_plugin.ops.indexing import (
 )
 from tbe_plugin.ops.forward_flat import _bag_marks_kernel, _flat_pooled_forward_kernel
 
+
 @triton.jit
 def _pooled_forward_kernel(
     weights_ptr,

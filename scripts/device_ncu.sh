@@ -32,8 +32,8 @@ for name in $(echo "$CONFIGS" | tr , ' '); do
       python3 -m tbe_plugin.benchmarks.backward --out /tmp/ncu-bench --configs "$name" --iters 1 --warmup 0 \
       --batches 1 > /dev/null 2>&1
     echo "rc $? $(grep -c 'Section: GPU Speed Of Light' "$OUT/ncu_${name}_${pass}.txt" 2>/dev/null) kernels profiled"
-    grep -E "^  [_a-z].*\(|Duration|Memory Throughput|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate|Registers Per|Achieved Occupancy" \
-      "$OUT/ncu_${name}_${pass}.txt" | head -60
+    keys="^  [_a-z].*\(|Duration|Memory Throughput|DRAM Throughput|L1/TEX Hit Rate|L2 Hit Rate"
+    grep -E "$keys|Registers Per|Achieved Occupancy" "$OUT/ncu_${name}_${pass}.txt" | cut -c1-160 | head -60
   done
 done
 echo "=== done $(date +%T)"

@@ -109,7 +109,8 @@ def _flat_pooled_forward_kernel(
                 ids = next_ids
             else:
                 ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
-            vals = _gather_rows(weights_ptr, weight_offset, ids, dim, cols, pos_mask, col_mask, ALIGN)
+            vals = _gather_rows(weights_ptr, per_sample_weights_ptr, weight_offset, ids, pos, dim, cols, pos_mask,
+                                col_mask, WEIGHTED, ALIGN)  # fmt: skip
             if MARKS:
                 if PREFETCH:
                     marks = next_marks
@@ -120,9 +121,6 @@ def _flat_pooled_forward_kernel(
                 next_ids = _checked_ids(indices_ptr, ahead, ahead < stop, rows, status_ptr, CHECK)
                 if MARKS:
                     next_marks = tl.load(marks_ptr + ahead, mask=ahead < stop, other=0)
-            if WEIGHTED:
-                w = tl.load(per_sample_weights_ptr + pos, mask=pos_mask, other=0.0)
-                vals = vals * w.to(tl.float32)[:, None]
             if MARKS:
                 opens = marks & 1
                 closes = marks >= 2
@@ -156,11 +154,17 @@ def _flat_pooled_forward_kernel(
 
 
 @triton.jit
-def _gather_rows(weights_ptr, weight_offset, ids, dim, cols, pos_mask, col_mask, ALIGN: tl.constexpr):
-    """The rows of ``ids`` (a step's), their ``cols``, in fp32: [ids, cols], masked rows 0."""
+def _gather_rows(weights_ptr, per_sample_weights_ptr, weight_offset, ids, pos, dim, cols, pos_mask, col_mask,
+                 WEIGHTED: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+    """The rows of a step's ``ids`` (at ``pos``), their ``cols``, in fp32 and times their
+    per-sample weights when WEIGHTED: [ids, cols], masked rows 0."""
     row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
-    return tl.load(weights_ptr + row_start[:, None] + cols[None, :],
+    vals = tl.load(weights_ptr + row_start[:, None] + cols[None, :],
                    mask=pos_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    if WEIGHTED:
+        w = tl.load(per_sample_weights_ptr + pos, mask=pos_mask, other=0.0)
+        vals = vals * w.to(tl.float32)[:, None]
+    return vals
 
 
 @triton.jit
@@ -181,10 +185,8 @@ def _bags_one_by_one(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, 
                 pos = p0 + steps
                 pos_mask = pos < e
                 ids = _checked_ids(indices_ptr, pos, pos_mask, rows, status_ptr, CHECK)
-                vals = _gather_rows(weights_ptr, weight_offset, ids, dim, cols, pos_mask, col_mask, ALIGN)
-                if WEIGHTED:
-                    w = tl.load(per_sample_weights_ptr + pos, mask=pos_mask, other=0.0)
-                    vals = vals * w.to(tl.float32)[:, None]
+                vals = _gather_rows(weights_ptr, per_sample_weights_ptr, weight_offset, ids, pos, dim, cols, pos_mask,
+                                    col_mask, WEIGHTED, ALIGN)  # fmt: skip
                 acc += tl.sum(vals, axis=0)
             if MEAN:
                 acc = acc * _mean_factors(e - s)

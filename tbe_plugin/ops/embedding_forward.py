@@ -328,6 +328,9 @@ def forward_into(
     bags, block_l, block_d, num_warps, num_stages, *extra = config
     prefetch = bool(extra and extra[0])
     flat = extra[1] if len(extra) > 1 else 0  # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks
+    if flat not in (0, 1, 2):
+        raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1 or 2, "
+                         f"got {flat!r}")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,

@@ -66,6 +66,13 @@ def test_repaired_offsets_sum_bag_by_bag(pooling):
         torch.testing.assert_close(out[b], want, rtol=1e-6, atol=1e-6)
 
 
+def test_an_unknown_flat_value_raises_naming_it():
+    emb = build()
+    indices, offsets = make_bags(rows_of(emb), B=2, max_len=3, seed=1)
+    with pytest.raises(ValueError, match="seventh value \\(FLAT\\) must be 0, 1 or 2, got 3"):
+        run(emb, indices, offsets, None, (4, 4, 16, 1, 1, 1, 3))
+
+
 @pytest.mark.gpu
 def test_flat_kernel_on_the_device_matches_the_lockstep_kernel():
     """On CUDA, the flat kernel with bag marks on a production-shaped batch (Poisson bags of

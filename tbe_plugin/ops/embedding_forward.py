@@ -59,12 +59,10 @@ def _pooled_forward_kernel(
     BLOCK_D: tl.constexpr,  # columns per program
     PREFETCH: tl.constexpr,  # load the next step's ids while this step's rows are read
     DIRECT: tl.constexpr,  # a program column per feature, one column block each: no work items
-    EVICT: tl.constexpr = 0,  # L2 hints: 1 rows evict_last, output evict_first; 2 also ids evict_first
-    ORDER: tl.constexpr = 0,  # 0: bag blocks along grid axis 0; 1: work items (features) along it
 ):
-    pid_bag = tl.program_id(1 if ORDER else 0)
+    pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
-        feature_meta_ptr, work_ptr, tl.program_id(0 if ORDER else 1), ALIGN, BLOCK_D, DIRECT
+        feature_meta_ptr, work_ptr, tl.program_id(1), ALIGN, BLOCK_D, DIRECT
     )
 
     b = pid_bag * BAGS + tl.arange(0, BAGS)
@@ -93,8 +91,7 @@ def _pooled_forward_kernel(
         # latencies one after the other (ids, then rows); with it the next step's ids are
         # in flight beside this step's rows, so a step pays about one.
         first_mask = steps[:, None] < length[None, :]
-        next_ids = _checked_ids(indices_ptr, start[None, :] + steps[:, None], first_mask, rows, status_ptr, CHECK,
-                                EVICT == 2)  # fmt: skip
+        next_ids = _checked_ids(indices_ptr, start[None, :] + steps[:, None], first_mask, rows, status_ptr, CHECK)
     for l0 in range(0, max_len, BLOCK_L):
         l = l0 + steps
         slot_mask = l[:, None] < length[None, :]  # [BLOCK_L, BAGS]
@@ -102,20 +99,18 @@ def _pooled_forward_kernel(
         if PREFETCH:
             ids = next_ids
         else:
-            ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK, EVICT == 2)
+            ids = _checked_ids(indices_ptr, pos, slot_mask, rows, status_ptr, CHECK)
         # Written as a multiple of ALIGN so that Triton can prove row starts aligned
         # and read rows with vector loads.
         row_start = (weight_offset // ALIGN + ids * (dim // ALIGN)) * ALIGN
         ptrs = weights_ptr + row_start[:, :, None] + cols[None, None, :]
-        row_mask = slot_mask[:, :, None] & col_mask[None, None, :]
-        if EVICT:
-            vals = tl.load(ptrs, mask=row_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        else:
-            vals = tl.load(ptrs, mask=row_mask, other=0.0).to(tl.float32)
+        vals = tl.load(
+            ptrs, mask=slot_mask[:, :, None] & col_mask[None, None, :], other=0.0
+        ).to(tl.float32)
         if PREFETCH:
             ahead = (l + BLOCK_L)[:, None]
             next_ids = _checked_ids(indices_ptr, start[None, :] + ahead, ahead < length[None, :], rows, status_ptr,
-                                    CHECK, EVICT == 2)  # fmt: skip
+                                    CHECK)  # fmt: skip
         if WEIGHTED:
             w = tl.load(per_sample_weights_ptr + pos, mask=slot_mask, other=0.0)
             vals = vals * w.to(tl.float32)[:, :, None]
@@ -126,11 +121,11 @@ def _pooled_forward_kernel(
         acc = acc * _mean_factors(length)[:, None]
     # The row stride (the sum of the D) is a multiple of ALIGN too: vector stores.
     out_ptrs = out_ptr + b[:, None].to(tl.int64) * (out_stride // ALIGN * ALIGN) + out_col + cols[None, :]
-    out_mask = b_mask[:, None] & col_mask[None, :]
-    if EVICT:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask, eviction_policy="evict_first")
-    else:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(
+        out_ptrs,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=b_mask[:, None] & col_mask[None, :],
+    )
 
 
 @triton.jit
@@ -333,30 +328,18 @@ def forward_into(
     bags, block_l, block_d, num_warps, num_stages, *extra = config
     prefetch = bool(extra and extra[0])
     flat = extra[1] if len(extra) > 1 else 0  # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks
-    evict = extra[2] if len(extra) > 2 else 0  # lockstep only: L2 hints (``_pooled_forward_kernel``'s EVICT)
-    order = extra[3] if len(extra) > 3 else 0  # lockstep only: 1 puts the work items on grid axis 0
-    for name, value, allowed in (("seventh value (FLAT)", flat, (0, 1, 2)), ("eighth value (EVICT)", evict, (0, 1, 2)),
-                                 ("ninth value (ORDER)", order, (0, 1))):  # fmt: skip
-        if value not in allowed:
-            raise ValueError(f"forward launch config {tuple(config)}: its {name} must be one of {allowed}, "
-                             f"got {value!r}")
-    if flat and (evict or order):
-        raise ValueError(f"forward launch config {tuple(config)}: EVICT and ORDER apply to the lockstep kernel "
-                         f"(FLAT 0) only")
+    if flat not in (0, 1, 2):
+        raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1 or 2, "
+                         f"got {flat!r}")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
                  BAGS=bags, BLOCK_L=block_l, BLOCK_D=block_d, PREFETCH=prefetch, DIRECT=direct,
                  num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     if not flat:
-        if order:
-            if grid[0] > 65535:
-                raise ValueError(f"forward launch config {tuple(config)}: ORDER 1 puts {grid[0]} bag blocks on "
-                                 f"grid axis 1, whose limit is 65535; use more bags a program or ORDER 0")
-            grid = grid[::-1]
         _pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
-            B, num_features * B, num_indices, out.stride(0), EVICT=evict, ORDER=order, **modes,
+            B, num_features * B, num_indices, out.stride(0), **modes,
         )  # fmt: skip
         return
     marks = indices  # placeholder pointer, never read

@@ -75,13 +75,9 @@ def _checked_bag_bounds(
 
 
 @triton.jit
-def _checked_ids(indices_ptr, pos, mask, rows, status_ptr, CHECK: tl.constexpr, STREAM: tl.constexpr = False):
-    """Ids at ``pos`` as int64; with CHECK, an id outside [0, rows) is counted and read as 0.
-    ``STREAM``: ids read once, marked first to leave L2 (evict_first)."""
-    if STREAM:
-        ids = tl.load(indices_ptr + pos, mask=mask, other=0, eviction_policy="evict_first").to(tl.int64)
-    else:
-        ids = tl.load(indices_ptr + pos, mask=mask, other=0).to(tl.int64)
+def _checked_ids(indices_ptr, pos, mask, rows, status_ptr, CHECK: tl.constexpr):
+    """Ids at ``pos`` as int64; with CHECK, an id outside [0, rows) is counted and read as 0."""
+    ids = tl.load(indices_ptr + pos, mask=mask, other=0).to(tl.int64)
     if CHECK:
         bad = mask & ((ids < 0) | (ids >= rows))
         n_bad = tl.sum(bad.to(tl.int32))

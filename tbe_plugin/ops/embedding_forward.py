@@ -33,7 +33,7 @@ from tbe_plugin.ops.indexing import (
     _mean_factors,
     _pooled_column_block,
 )
-from tbe_plugin.ops.forward_flat import _bag_marks_kernel, _bags_one_by_one, _flat_pooled_forward_kernel
+from tbe_plugin.ops.forward_flat import _bag_marks_kernel, _flat_pooled_forward_kernel
 
 
 @triton.jit
@@ -59,7 +59,6 @@ def _pooled_forward_kernel(
     BLOCK_D: tl.constexpr,  # columns per program
     PREFETCH: tl.constexpr,  # load the next step's ids while this step's rows are read
     DIRECT: tl.constexpr,  # a program column per feature, one column block each: no work items
-    LONG: tl.constexpr = 0,  # a table averaging >= LONG ids a bag: its bags one by one (0: never)
 ):
     pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
@@ -73,32 +72,6 @@ def _pooled_forward_kernel(
         offsets_ptr, bag, b_mask, num_indices, total_bags, status_ptr, CHECK
     )
     length = end - start
-    cols = d_start + tl.arange(0, BLOCK_D)
-    col_mask = cols < dim
-    one_by_one = False
-    if LONG > 0:
-        # Tables of long bags: a bag at a time, BAGS * BLOCK_L ids a step (a step's rows as
-        # many as the lockstep tile's), so that no bag waits on the longest of its program.
-        # Decided per table from its first and last offsets: every program of a table sums
-        # the same way, whatever the program.
-        table_ids = tl.load(offsets_ptr + (feature + 1) * B) - tl.load(offsets_ptr + feature * B)
-        one_by_one = table_ids >= LONG * B
-    if one_by_one:
-        _bags_one_by_one(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, status_ptr, start, end, b_mask,
-                         pid_bag * BAGS, weight_offset, rows, dim, out_col, out_stride // ALIGN * ALIGN, cols,
-                         col_mask, MEAN, WEIGHTED, CHECK, ALIGN, BAGS, BAGS * BLOCK_L, BLOCK_D)  # fmt: skip
-    else:
-        _lockstep_bags(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, status_ptr, b, b_mask, start,
-                       length, weight_offset, rows, dim, out_col, out_stride, cols, col_mask, MEAN, WEIGHTED,
-                       CHECK, ALIGN, BAGS, BLOCK_L, BLOCK_D, PREFETCH)  # fmt: skip
-
-
-@triton.jit
-def _lockstep_bags(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, status_ptr, b, b_mask, start, length,
-                   weight_offset, rows, dim, out_col, out_stride, cols, col_mask, MEAN: tl.constexpr,
-                   WEIGHTED: tl.constexpr, CHECK: tl.constexpr, ALIGN: tl.constexpr, BAGS: tl.constexpr,
-                   BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
-    """A program's bags in lockstep: step k reads ids k*BLOCK_L.. of every bag at once."""
     max_len = tl.max(length, axis=0)
     if MEAN and BLOCK_L > 1:
         # With several ids a step each row is scaled by 1/L as it is read (as the
@@ -107,6 +80,8 @@ def _lockstep_bags(weights_ptr, indices_ptr, per_sample_weights_ptr, out_ptr, st
         # 128 bytes a thread, fp32 112 -> 392); with one id a step, the end spills less.
         inv = _mean_factors(length)
 
+    cols = d_start + tl.arange(0, BLOCK_D)
+    col_mask = cols < dim
     acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
     # Tiles are [BLOCK_L, BAGS, BLOCK_D]: Triton lays threads along D, then warps along
     # bags, so the sum over a bag's ids stays inside each thread's registers.
@@ -356,10 +331,6 @@ def forward_into(
     if flat not in (0, 1, 2):
         raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1 or 2, "
                          f"got {flat!r}")
-    long = extra[2] if len(extra) > 2 else 0  # lockstep: tables of >= long ids a bag go bag by bag
-    if not isinstance(long, int) or long < 0 or (long and flat):
-        raise ValueError(f"forward launch config {tuple(config)}: its eighth value (LONG) must be an int >= 0, "
-                         f"and 0 with FLAT, got {long!r}")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
@@ -368,7 +339,7 @@ def forward_into(
     if not flat:
         _pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
-            B, num_features * B, num_indices, out.stride(0), LONG=long, **modes,
+            B, num_features * B, num_indices, out.stride(0), **modes,
         )  # fmt: skip
         return
     marks = indices  # placeholder pointer, never read

@@ -34,6 +34,7 @@ from tbe_plugin.ops.indexing import (
     _pooled_column_block,
 )
 from tbe_plugin.ops.forward_flat import _bag_marks_kernel, _flat_pooled_forward_kernel
+from tbe_plugin.ops.forward_warp import LANES, _warp_pooled_forward_kernel
 
 
 @triton.jit
@@ -327,9 +328,11 @@ def forward_into(
         return
     bags, block_l, block_d, num_warps, num_stages, *extra = config
     prefetch = bool(extra and extra[0])
-    flat = extra[1] if len(extra) > 1 else 0  # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks
-    if flat not in (0, 1, 2):
-        raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1 or 2, "
+    # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks; 3: a warp a bag (``forward_warp``:
+    # BAGS bags a program, BLOCK_L rows at once a warp)
+    flat = extra[1] if len(extra) > 1 else 0
+    if flat not in (0, 1, 2, 3):
+        raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1, 2 or 3, "
                          f"got {flat!r}")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
@@ -340,6 +343,14 @@ def forward_into(
         _pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), **modes,
+        )  # fmt: skip
+        return
+    if flat == 3:
+        _warp_pooled_forward_kernel[grid](
+            weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
+            B, num_features * B, num_indices, out.stride(0), MEAN=modes["MEAN"], WEIGHTED=weighted, CHECK=check,
+            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES,
+            num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return
     marks = indices  # placeholder pointer, never read

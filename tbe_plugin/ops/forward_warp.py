@@ -1,0 +1,85 @@
+"""A pooled forward with a warp per bag and each id held by one lane (``FLAT`` 3 in a launch
+config; no heuristic picks it unless measured faster).
+
+The lockstep kernel (``embedding_forward._pooled_forward_kernel``) reads a [BLOCK_L, BAGS,
+BLOCK_D] tile of rows a step; Triton lays its threads along the columns, so every thread
+holds every row's id and 64-bit address: at (16, 2, 128) 255 registers a thread and 12%
+occupancy on the H200 (Nsight Compute, ``results/ncu_h200_b8c7017_ctr_dlrm_forward.txt``),
+against FBGEMM's 32 registers and 86%. Here a program is BAGS warps, a bag each: a bag's
+next 32 ids are loaded one a lane, and row j's id reaches every lane of the warp through
+``tl.gather`` along the lane axis (a warp shuffle, not a per-thread copy of all 32 ids);
+UNROLL rows are in flight a warp, so registers stay few and occupancy high, as in FBGEMM's
+forward.
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+import triton
+import triton.language as tl
+
+from tbe_plugin.ops.indexing import _checked_bag_bounds, _checked_ids, _mean_factors, _pooled_column_block
+
+LANES = 32  # ids loaded a round, one a lane
+
+
+@triton.jit
+def _warp_pooled_forward_kernel(
+    weights_ptr,
+    feature_meta_ptr,
+    work_ptr,
+    indices_ptr,
+    offsets_ptr,
+    per_sample_weights_ptr,
+    out_ptr,
+    status_ptr,
+    B,
+    total_bags,
+    num_indices,
+    out_stride,
+    MEAN: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    CHECK: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BAGS: tl.constexpr,  # bags a program, a warp each (num_warps == BAGS)
+    UNROLL: tl.constexpr,  # rows read at once a warp
+    BLOCK_D: tl.constexpr,
+    DIRECT: tl.constexpr,
+    ROUND: tl.constexpr,  # ids a bag loaded a round (32: one a lane)
+):
+    pid_bag = tl.program_id(0)
+    feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
+        feature_meta_ptr, work_ptr, tl.program_id(1), ALIGN, BLOCK_D, DIRECT
+    )
+    b = pid_bag * BAGS + tl.arange(0, BAGS)
+    b_mask = b < B
+    start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
+                                     CHECK)  # fmt: skip
+    length = end - start
+    max_len = tl.max(length, axis=0)
+    cols = d_start + tl.arange(0, BLOCK_D)
+    col_mask = cols < dim
+    lane = tl.arange(0, ROUND)
+    acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+    for r0 in range(0, max_len, ROUND):
+        pos = start[:, None] + r0 + lane[None, :]  # [BAGS, ROUND]: a bag a warp, an id a lane
+        in_bag = (r0 + lane)[None, :] < length[:, None]
+        # Rows within a table fit int32: the lane's id as int32, its row start built per row.
+        ids = _checked_ids(indices_ptr, pos, in_bag, rows, status_ptr, CHECK).to(tl.int32)
+        if WEIGHTED:
+            w_round = tl.load(per_sample_weights_ptr + pos, mask=in_bag, other=0.0).to(tl.float32)
+        for j0 in range(0, tl.minimum(max_len - r0, ROUND), UNROLL):
+            for u in tl.static_range(UNROLL):
+                j = j0 + u
+                which = tl.full((BAGS, 1), 0, tl.int32) + j
+                row = tl.gather(ids, which, axis=1)  # [BAGS, 1]: row j's id, from the lane holding it
+                valid = (r0 + j) < length  # [BAGS]
+                row_start = (weight_offset // ALIGN + row.to(tl.int64) * (dim // ALIGN)) * ALIGN
+                vals = tl.load(weights_ptr + row_start + cols[None, :], mask=valid[:, None] & col_mask[None, :],
+                               other=0.0).to(tl.float32)  # fmt: skip
+                if WEIGHTED:
+                    vals = vals * tl.gather(w_round, which, axis=1)
+                acc += vals
+    if MEAN:
+        acc = acc * _mean_factors(length)[:, None]
+    out_ptrs = out_ptr + b[:, None].to(tl.int64) * (out_stride // ALIGN * ALIGN) + out_col + cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])

@@ -1,0 +1,60 @@
+"""The warp-a-bag pooled forward (``ops.forward_warp``, launch configs with FLAT 3) against the
+reference and, bit for bit, the lockstep kernel's one id a step (both add a bag's rows one
+after another; CPU, Triton interpreter, small shapes)."""
+
+import pytest
+import torch
+
+from tests.helpers import assert_tbe_close, make_bags
+from tests.ops.test_embedding_forward import build, reference, rows_of
+from tests.ops.test_forward_flat import run
+
+
+@pytest.mark.parametrize("pooling, weighted", [("SUM", False), ("MEAN", True)])
+def test_warp_bags_sum_in_order(pooling, weighted):
+    """Bags of 0-70 ids (empty ones, and bags over two rounds of 32 ids) in programs of 2-4
+    bags, 4-8 rows at once: the reference's sums, the lockstep kernel's bits."""
+    emb = build(pooling=pooling)
+    B = 5  # programs of 2 or 4 bags: the last one part-filled
+    indices, offsets = make_bags(rows_of(emb), B=B, max_len=70, seed=31, hot_fraction=0.3)
+    lengths = offsets[1:] - offsets[:-1]
+    assert (lengths == 0).any() and (lengths > 64).any()
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(31)) if weighted else None
+    expected = reference(emb, indices, offsets, psw)
+    for bags, unroll, block_d in [(4, 8, 64), (2, 4, 16)]:
+        out = run(emb, indices, offsets, psw, (bags, unroll, block_d, bags, 1, 0, 3))
+        assert_tbe_close(out, expected, 70)
+        assert torch.equal(out, run(emb, indices, offsets, psw, (bags, 1, block_d, 1, 1, 0))), (bags, unroll)
+
+
+def test_bad_ids_and_offsets_are_counted_as_the_lockstep_kernel_counts_them():
+    """WARNING mode: an id past its table reads row 0 and a decreasing offset is repaired, as
+    in the lockstep kernel (same sums, both counted)."""
+    emb = build(bounds_check_mode="WARNING")
+    indices, offsets = make_bags(rows_of(emb), B=4, max_len=6, seed=2)
+    indices[3] = 10_000
+    offsets[6] = offsets[5] - 1
+    initial = emb.bounds_check_status.clone()
+    out = run(emb, indices, offsets, None, (4, 4, 64, 4, 1, 0, 3))
+    status = emb.bounds_check_status.clone()
+    emb.bounds_check_status.copy_(initial)
+    assert torch.equal(out, run(emb, indices, offsets, None, (4, 1, 64, 1, 1, 0)))
+    assert torch.equal(status, emb.bounds_check_status) and int(status.sum()) > 0
+
+
+@pytest.mark.gpu
+def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
+    """On CUDA, a production-shaped batch (Poisson bags of means 5-40, Zipf ids): the lockstep
+    kernel's one-id-a-step bits, and the heuristic tile's sums within fp32 rounding."""
+    from tbe_plugin import TritonTableBatchedEmbeddingBags
+    from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
+
+    tables = tuple(TableWorkload(rows=100_000, dim=128, mean_pooling=5.0 + 5 * t, alpha=1.1) for t in range(8))
+    emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in tables], device="cuda")
+    emb.init_embedding_weights_uniform(-1, 1)
+    indices, offsets, _ = generate_batch(Workload("warp", tables, batch_size=16384), seed=3, device="cuda")
+    with torch.no_grad():
+        out = run(emb, indices, offsets, None, (4, 8, 128, 4, 1, 0, 3))
+        assert torch.equal(out, run(emb, indices, offsets, None, (16, 1, 128, 1, 1, 0)))
+        torch.testing.assert_close(out, run(emb, indices, offsets, None, (16, 2, 128, 1, 1, 1)), rtol=1e-5,
+                                   atol=1e-4)  # fmt: skip

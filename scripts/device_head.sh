@@ -13,7 +13,7 @@ source "$(dirname "$0")/device_common.sh" "HEAD's defaults"
 echo "=== gpu tests $(date +%T)"
 [ "${TESTS:-1}" = 0 ] || timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
   tests/pipelines/test_data.py tests/ops/test_backward_graphs.py tests/ops/test_embedding_forward.py \
-  tests/ops/test_forward_flat.py tests/test_fbgemm_parity.py 2>&1 \
+  tests/ops/test_forward_flat.py tests/ops/test_forward_warp.py tests/test_fbgemm_parity.py 2>&1 \
   | tee "$OUT/gpu_tests.log" | tail -8
 echo "=== suite $(date +%T)"
 timeout ${SUITE_TIMEOUT:-150} python3 -m tbe_plugin.benchmarks.backward --out "$OUT" --iters 5 --warmup 2 --batches 2 2>&1 \

@@ -232,6 +232,15 @@ def pooled_tile(dim: int, wide: bool = False) -> int:
 # (160 registers against 224; the only such launch swept).
 L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 
+# Bags of 7-48 ids of 128-column rows where a warp a bag (``forward_warp``, FLAT 3) beats the
+# lockstep tile, by (bytes a weight): (mean ids a bag above which, tile). H200 at c79563e
+# (``tune_forward``, ms, per class): fp32, the end-to-end tables (ctr-dlrm, Poisson(1-60) bags,
+# mean ~31) 0.703 -> 0.633 with (1, 8); at L=20 the two were near even and Zipf ids lost
+# (uniform 0.660 -> 0.640, Zipf 1.15 0.242 -> 0.263; ctr-mix's 128/256-column class, mean
+# ~10, 0.770 -> 0.793), so fp32 bags up to 24 ids stay in lockstep. fp16 at L=20: (8, 1)
+# 0.399 -> 0.349 with (1, 32). bf16 unmeasured: its own tile.
+WARP_TILES = {4: (24, (1, 8, 128, 1, 1, 0, 3)), 2: (16, (1, 32, 128, 1, 1, 0, 3))}
+
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
@@ -251,7 +260,9 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     (``wide_rows``) read whole: a warp a bag, 8 ids a step, ids a step ahead. 16-bit rows
     of 128-column blocks and fp32 rows of 64 in bags of 7-48 ids: ``L20_TILES``. No config
     picks the flat-range kernel (``forward_flat``): on skewed ids it ran 1.6-3.8x slower
-    than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``).
+    than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``). 128-column
+    rows in bags averaging more than ``WARP_TILES``' threshold (fp32 24 ids, fp16 16) take
+    a warp a bag (``forward_warp``; the seventh value 3).
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -263,6 +274,8 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
     if avg_len <= 48:
+        if block_d == 128 and elem_size in WARP_TILES and not bf16 and avg_len > WARP_TILES[elem_size][0]:
+            return WARP_TILES[elem_size][1]
         if (elem_size, block_d) in L20_TILES:
             return L20_TILES[elem_size, block_d]
         return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)

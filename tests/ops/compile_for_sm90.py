@@ -151,11 +151,18 @@ def variants():
     for weights, elem in (("*fp32", 4), ("*fp16", 2), ("*bf16", 2)):
         align = vector_alignment([128, 512], elem)
         # The heuristic's classes at D=128, and wide rows (their own tile for 2-byte rows only).
-        for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (20, 64), (100, 128), (20, 512)):
+        for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (30, 128), (20, 64), (100, 128), (20, 512)):
             bags, block_l, block_d, warps, stages, prefetch, *flat = forward.pooled_launch_config(
                 avg_len, max_dim, elem, weights == "*bf16")
             if max_dim > 128 and block_d != forward.WIDE_TILE:
                 continue  # 4-byte rows: the 128-column tile, compiled above
+            if flat and flat[0] == 3:  # a warp a bag (ops.forward_warp)
+                for mean, weighted in ((False, False), (True, False), (True, True)):
+                    yield forward._warp_pooled_forward_kernel, dict(
+                        MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, UNROLL=block_l,
+                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES,
+                    ), (warps, stages), weights, "*i32"  # fmt: skip
+                continue
             kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel
             marks = dict(MARKS=flat[0] == 2) if flat and flat[0] else {}
             for mean, weighted in ((False, False), (True, False), (True, True)):

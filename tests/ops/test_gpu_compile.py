@@ -29,7 +29,7 @@ def test_every_kernel_compiles_for_sm90(compiled):
             "_listed_chunks_kernel", "_psw_grad_kernel", "_piece_marks_kernel", "_pieces_kernel",
             "_cell_groups_kernel", "_multi_runs_kernel", "_sorted_operands_kernel", "_graph_fill_kernel",
             "_tile_histogram_kernel", "_tile_scatter_kernel", "_flat_pooled_forward_kernel",
-            "_bag_marks_kernel"} <= kernels  # fmt: skip
+            "_bag_marks_kernel", "_warp_pooled_forward_kernel"} <= kernels  # fmt: skip
     failures = [r for r in compiled if "error" in r]
     assert not failures, json.dumps(failures, indent=1)[:4000]
 
@@ -41,7 +41,7 @@ def test_backward_kernels_do_not_spill_registers(compiled):
     and the group kernel (a program per group of 2048 ids that a long run enters) spill up
     to 8 bytes a thread at some tiles (ptxas, sm_90): up to 64 are allowed there."""
     forward_kernels = ("_pooled_forward_kernel", "_unpooled_forward_kernel", "_offsets_check_kernel",
-                       "_flat_pooled_forward_kernel")
+                       "_flat_pooled_forward_kernel", "_warp_pooled_forward_kernel")
 
     def allowed(record):
         return 64 if record["kernel"] in ("_long_run_kernel", "_group_kernel", "_multi_runs_kernel") else 0
@@ -64,6 +64,20 @@ def test_forward_heuristic_does_not_spill_16_bit_rows(compiled):
     assert {r["weights"] for r in half} == {"*fp16", "*bf16"}, half
     spilling = [r for r in half if r.get("stack_bytes", 1) > 0]
     assert not spilling, json.dumps(spilling, indent=1)[:4000]
+
+
+def test_warp_forward_stays_in_registers(compiled):
+    """The warp-a-bag forward (``ops.forward_warp``, the heuristic's tile for bags of 128-column
+    rows averaging 24-48 ids in fp32, 16-48 in fp16) holds each id on one lane: at most 128
+    registers a thread (ptxas sm_90: 60-64, against the lockstep tile's 255 with 112 bytes of
+    spills), no spills without per-sample weights (fp16 with them: 56 bytes), and each lane
+    reads its 4 columns of a row in one load (16 bytes fp32, 8 bytes fp16)."""
+    warp = [r for r in compiled if r["kernel"] == "_warp_pooled_forward_kernel"]
+    assert {r["weights"] for r in warp} == {"*fp32", "*fp16"}, warp
+    width = {"*fp32": "ld.global.v4.b32", "*fp16": "ld.global.v2.b32"}
+    bad = [r for r in warp if r.get("registers", 999) > 128 or r["global_ops"].get(width[r["weights"]], 0) == 0
+           or (not r["constexprs"]["WEIGHTED"] and r.get("stack_bytes", 1) > 0)]  # fmt: skip
+    assert not bad, json.dumps(bad, indent=1)[:4000]
 
 
 def test_pieces_kernel_stays_in_registers(compiled):

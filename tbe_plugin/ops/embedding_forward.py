@@ -245,7 +245,8 @@ WARP_TILES = {4: (24, (1, 8, 128, 1, 1, 0, 3)), 2: (16, (1, 32, 128, 1, 1, 0, 3)
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0, and seven: the
-    seventh FLAT, 1 for the flat-range kernel of ``forward_flat``, 2 for it with bag marks.)
+    seventh FLAT, 1 for the flat-range kernel of ``forward_flat``, 2 for it with bag marks,
+    3 for the warp-a-bag kernel of ``forward_warp``, BLOCK_L then its rows in flight a warp.)
 
     Each program is one warp reading a [BLOCK_L, BAGS, BLOCK_D] tile of rows per step:
     many short bags per program when bags are short, a long BLOCK_L when they are long.

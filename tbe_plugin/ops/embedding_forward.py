@@ -242,7 +242,7 @@ L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 WARP_TILES = {4: (24, (1, 8, 128, 1, 1, 0, 3)), 2: (16, (1, 32, 128, 1, 1, 0, 3))}
 
 
-def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False):
+def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False, warp: bool = True):
     """(BAGS, BLOCK_L, BLOCK_D, num_warps, num_stages, PREFETCH) for a pooled launch, by
     shape class. (``forward_into`` also takes five values, PREFETCH then 0, and seven: the
     seventh FLAT, 1 for the flat-range kernel of ``forward_flat``, 2 for it with bag marks,
@@ -263,7 +263,8 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     picks the flat-range kernel (``forward_flat``): on skewed ids it ran 1.6-3.8x slower
     than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``). 128-column
     rows in bags averaging more than ``WARP_TILES``' threshold (fp32 24 ids, fp16 16) take
-    a warp a bag (``forward_warp``; the seventh value 3).
+    a warp a bag (``forward_warp``; the seventh value 3) unless ``warp`` is False (tables that
+    may hold 2**31 rows: ``module_launch_config``).
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -275,12 +276,21 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
     if avg_len <= 48:
-        if block_d == 128 and elem_size in WARP_TILES and not bf16 and avg_len > WARP_TILES[elem_size][0]:
+        if warp and block_d == 128 and elem_size in WARP_TILES and not bf16 and avg_len > WARP_TILES[elem_size][0]:
             return WARP_TILES[elem_size][1]
         if (elem_size, block_d) in L20_TILES:
             return L20_TILES[elem_size, block_d]
         return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)
     return 1, 32, block_d, 1, 3, 0
+
+
+def module_launch_config(avg_len: float, tile: int, weights: torch.Tensor, dims: Sequence[int]):
+    """``pooled_launch_config`` for a class of a module's features (column ``tile``), but for
+    weights that may hold a table of 2**31 rows or more (``weights.numel() // min(dims)``):
+    the warp kernel holds ids as int32, so such tables take the lockstep tile (never one of
+    the warp kernel's classes on a GPU of today: 2**31 rows of D >= 65)."""
+    narrow_ids = weights.numel() // max(1, min(dims)) < 2**31
+    return pooled_launch_config(avg_len, tile, weights.element_size(), weights.dtype == torch.bfloat16, narrow_ids)
 
 
 def build_work_items(dims: torch.Tensor, block_d: int) -> torch.Tensor:
@@ -308,7 +318,8 @@ def forward_into(
     config,
 ) -> None:
     """Launch the forward kernel writing into a preallocated ``out`` (no checks here but
-    that its rows start at multiples of ``align``, which the kernels promise Triton).
+    that its rows start at multiples of ``align``, which the kernels promise Triton; FLAT 3
+    assumes every table has fewer than 2**31 rows, as ``launch_forward`` checks).
     Pooled: ``work_items`` None launches a program column per feature, for a batch whose
     every row fits one column block (``launch_forward`` decides)."""
     if out.stride(0) % align or out.stride(-1) != 1:
@@ -458,7 +469,7 @@ def launch_forward(
         avg_len = indices.numel() / max(num_bags, 1)
         classes = pooled_tile_classes(dims, wide_rows(avg_len, elem))
         for tile, features in classes:
-            config = pooled_launch_config(avg_len, tile, elem, weights.dtype == torch.bfloat16)
+            config = module_launch_config(avg_len, tile, weights, dims)
             # One class whose rows fit one column block: a program column per feature.
             direct = len(classes) == 1 and max(dims) <= config[2]
             work = None if direct else _work_items(dims, config[2], weights.device,

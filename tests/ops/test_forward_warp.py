@@ -42,6 +42,21 @@ def test_bad_ids_and_offsets_are_counted_as_the_lockstep_kernel_counts_them():
     assert torch.equal(status, emb.bounds_check_status) and int(status.sum()) > 0
 
 
+def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
+    """The warp kernel holds ids as int32: weights that could hold a table of 2**31 rows (numel
+    // min D) get the lockstep tile; the heuristic's class otherwise (expanded tensors: no memory)."""
+    from tbe_plugin.ops.embedding_forward import module_launch_config
+
+    small = torch.zeros(1).expand(2**20 * 128)
+    assert module_launch_config(30.0, 128, small, [128, 128])[6:] == (3,)
+    huge = torch.zeros(1).expand(2**31 * 128)
+    assert module_launch_config(30.0, 128, huge, [128, 128]) == (16, 2, 128, 1, 1, 1)
+    assert module_launch_config(30.0, 128, small, [1, 128])[6:] == (3,)  # 2**27 rows at most
+    assert module_launch_config(10.0, 128, huge, [128]) == (16, 2, 128, 1, 1, 1)  # lockstep anyway
+    half = torch.zeros(1, dtype=torch.float16).expand(2**31 * 128)
+    assert module_launch_config(30.0, 128, half, [128]) == (8, 1, 128, 1, 1, 1)  # fp16's own lockstep tile
+
+
 @pytest.mark.gpu
 def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
     """On CUDA, a production-shaped batch (Poisson bags of means 5-40, Zipf ids): the lockstep

@@ -95,7 +95,13 @@ def production_first(max_dim: int, elem: int):
     # before b8c7017's Nsight Compute profile showed the one-warp tile at 12% occupancy.
     ahead += [(16, 2, block_d, 2, 1, 1), (16, 2, block_d, 4, 1, 1), (32, 1, block_d, 4, 1, 1),
               (32, 2, block_d, 8, 1, 1), (8, 2, block_d, 1, 1, 1)]
-    return tuple(ahead + configs)
+    # The warp kernel (FLAT 3, ops.forward_warp: an id a lane, 60-72 registers), first: a bag a
+    # program (the heuristic's for bags of 24-48 ids since 59738aa), then groups of 2-8 bags a
+    # program one after another (the eighth value, SEQ: the next group's ids load during this
+    # group's rows; untimed when written).
+    warp = [(1, unroll, block_d, 1, 1, 0, 3) for unroll in (8, 32)]
+    warp += [(1, 8, block_d, 1, 1, 0, 3, seq) for seq in (2, 4, 8)] + [(1, 32, block_d, 1, 1, 0, 3, 4)]
+    return tuple(warp + ahead + configs)
 
 
 def time_ms(fn, iters=30):

@@ -371,10 +371,14 @@ def forward_into(
         )  # fmt: skip
         return
     if flat == 3:
-        _warp_pooled_forward_kernel[grid](
+        seq = extra[2] if len(extra) > 2 else 1  # groups of BAGS bags a program, one after another
+        if not isinstance(seq, int) or seq < 1:
+            raise ValueError(f"forward launch config {tuple(config)}: its eighth value (SEQ, groups of bags a "
+                             f"program of the warp kernel) must be an int >= 1, got {seq!r}")
+        _warp_pooled_forward_kernel[(cdiv(B, bags * seq), grid[1])](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), MEAN=modes["MEAN"], WEIGHTED=weighted, CHECK=check,
-            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES,
+            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES, SEQ=seq,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return

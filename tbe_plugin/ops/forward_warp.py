@@ -23,6 +23,40 @@ LANES = 32  # ids loaded a round, one a lane
 
 
 @triton.jit
+def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset, dim, cols, col_mask,
+               WEIGHTED: tl.constexpr, ALIGN: tl.constexpr, BAGS: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """Adds to ``acc`` ([BAGS, BLOCK_D]) the rows of a round's ``ids`` ([BAGS, ROUND], an id a
+    lane; positions r0.. of each bag), the first ``n_rows`` of them, one row after another."""
+    for j0 in range(0, n_rows, UNROLL):
+        for u in tl.static_range(UNROLL):
+            j = j0 + u
+            which = tl.full((BAGS, 1), 0, tl.int32) + j
+            row = tl.gather(ids, which, axis=1)  # [BAGS, 1]: row j's id, from the lane holding it
+            valid = (r0 + j) < length  # [BAGS]
+            row_start = (weight_offset // ALIGN + row.to(tl.int64) * (dim // ALIGN)) * ALIGN
+            vals = tl.load(weights_ptr + row_start + cols[None, :], mask=valid[:, None] & col_mask[None, :],
+                           other=0.0).to(tl.float32)  # fmt: skip
+            if WEIGHTED:
+                vals = vals * tl.gather(w_round, which, axis=1)
+            acc += vals
+    return acc
+
+
+@triton.jit
+def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane, live,
+                CHECK: tl.constexpr, WEIGHTED: tl.constexpr):  # fmt: skip
+    """A round of ids ([BAGS, ROUND], positions r0.. of each bag; as int32: rows within a
+    table fit) and their per-sample weights (the ids again when not WEIGHTED: unused)."""
+    pos = start[:, None] + r0 + lane[None, :]  # [BAGS, ROUND]: a bag a warp, an id a lane
+    in_bag = ((r0 + lane)[None, :] < length[:, None]) & live
+    ids = _checked_ids(indices_ptr, pos, in_bag, rows, status_ptr, CHECK).to(tl.int32)
+    w_round = ids
+    if WEIGHTED:
+        w_round = tl.load(per_sample_weights_ptr + pos, mask=in_bag, other=0.0).to(tl.float32)
+    return ids, w_round
+
+
+@triton.jit
 def _warp_pooled_forward_kernel(
     weights_ptr,
     feature_meta_ptr,
@@ -40,46 +74,66 @@ def _warp_pooled_forward_kernel(
     WEIGHTED: tl.constexpr,
     CHECK: tl.constexpr,
     ALIGN: tl.constexpr,
-    BAGS: tl.constexpr,  # bags a program, a warp each (num_warps == BAGS)
+    BAGS: tl.constexpr,  # bags a program at once, a warp each (num_warps == BAGS)
     UNROLL: tl.constexpr,  # rows read at once a warp
     BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr,
     ROUND: tl.constexpr,  # ids a bag loaded a round (32: one a lane)
+    SEQ: tl.constexpr = 1,  # groups of BAGS bags a program, one after another
 ):
     pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
         feature_meta_ptr, work_ptr, tl.program_id(1), ALIGN, BLOCK_D, DIRECT
     )
-    b = pid_bag * BAGS + tl.arange(0, BAGS)
-    b_mask = b < B
-    start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
-                                     CHECK)  # fmt: skip
-    length = end - start
-    max_len = tl.max(length, axis=0)
     cols = d_start + tl.arange(0, BLOCK_D)
     col_mask = cols < dim
     lane = tl.arange(0, ROUND)
-    acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
-    for r0 in range(0, max_len, ROUND):
-        pos = start[:, None] + r0 + lane[None, :]  # [BAGS, ROUND]: a bag a warp, an id a lane
-        in_bag = (r0 + lane)[None, :] < length[:, None]
-        # Rows within a table fit int32: the lane's id as int32, its row start built per row.
-        ids = _checked_ids(indices_ptr, pos, in_bag, rows, status_ptr, CHECK).to(tl.int32)
-        if WEIGHTED:
-            w_round = tl.load(per_sample_weights_ptr + pos, mask=in_bag, other=0.0).to(tl.float32)
-        for j0 in range(0, tl.minimum(max_len - r0, ROUND), UNROLL):
-            for u in tl.static_range(UNROLL):
-                j = j0 + u
-                which = tl.full((BAGS, 1), 0, tl.int32) + j
-                row = tl.gather(ids, which, axis=1)  # [BAGS, 1]: row j's id, from the lane holding it
-                valid = (r0 + j) < length  # [BAGS]
-                row_start = (weight_offset // ALIGN + row.to(tl.int64) * (dim // ALIGN)) * ALIGN
-                vals = tl.load(weights_ptr + row_start + cols[None, :], mask=valid[:, None] & col_mask[None, :],
-                               other=0.0).to(tl.float32)  # fmt: skip
-                if WEIGHTED:
-                    vals = vals * tl.gather(w_round, which, axis=1)
-                acc += vals
-    if MEAN:
-        acc = acc * _mean_factors(length)[:, None]
-    out_ptrs = out_ptr + b[:, None].to(tl.int64) * (out_stride // ALIGN * ALIGN) + out_col + cols[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])
+    out_stride = out_stride // ALIGN * ALIGN
+    if SEQ == 1:
+        b = pid_bag * BAGS + tl.arange(0, BAGS)
+        b_mask = b < B
+        start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
+                                         CHECK)  # fmt: skip
+        length = end - start
+        max_len = tl.max(length, axis=0)
+        acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+        for r0 in range(0, max_len, ROUND):
+            ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
+                                       True, CHECK, WEIGHTED)  # fmt: skip
+            acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
+                             weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
+        if MEAN:
+            acc = acc * _mean_factors(length)[:, None]
+        out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])
+    else:
+        # SEQ groups one after another; each group's bounds and first round of ids are loaded
+        # while the group before reads its rows, so a group starts without waiting on them.
+        b = pid_bag * (SEQ * BAGS) + tl.arange(0, BAGS)
+        b_mask = b < B
+        start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
+                                         CHECK)  # fmt: skip
+        length = end - start
+        ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, 0, rows, lane,
+                                   True, CHECK, WEIGHTED)  # fmt: skip
+        for s in range(SEQ):
+            nb = b + BAGS
+            n_mask = (nb < B) & (s + 1 < SEQ)  # the next group (none after the program's last)
+            n_start, n_end = _checked_bag_bounds(offsets_ptr, feature * B + nb, n_mask, num_indices, total_bags,
+                                                 status_ptr, CHECK)  # fmt: skip
+            n_length = n_end - n_start
+            n_ids, n_w = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, n_start, n_length, 0, rows,
+                                     lane, n_mask[:, None], CHECK, WEIGHTED)  # fmt: skip
+            max_len = tl.max(length, axis=0)
+            acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+            for r0 in range(0, max_len, ROUND):
+                if r0 > 0:
+                    ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0,
+                                               rows, lane, True, CHECK, WEIGHTED)  # fmt: skip
+                acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
+                                 weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
+            if MEAN:
+                acc = acc * _mean_factors(length)[:, None]
+            out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])
+            b, b_mask, start, length, ids, w_round = nb, nb < B, n_start, n_length, n_ids, n_w

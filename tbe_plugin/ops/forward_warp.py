@@ -57,6 +57,15 @@ def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, 
 
 
 @triton.jit
+def _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN: tl.constexpr):
+    """A group's sums (MEAN: times 1/L) into its bags' output rows."""
+    if MEAN:
+        acc = acc * _mean_factors(length)[:, None]
+    out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
 def _warp_pooled_forward_kernel(
     weights_ptr,
     feature_meta_ptr,
@@ -102,10 +111,7 @@ def _warp_pooled_forward_kernel(
                                        True, CHECK, WEIGHTED)  # fmt: skip
             acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
                              weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
-        if MEAN:
-            acc = acc * _mean_factors(length)[:, None]
-        out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])
+        _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)
     else:
         # SEQ groups one after another; each group's bounds and first round of ids are loaded
         # while the group before reads its rows, so a group starts without waiting on them.
@@ -132,8 +138,5 @@ def _warp_pooled_forward_kernel(
                                                rows, lane, True, CHECK, WEIGHTED)  # fmt: skip
                 acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
                                  weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
-            if MEAN:
-                acc = acc * _mean_factors(length)[:, None]
-            out_ptrs = out_ptr + b[:, None].to(tl.int64) * out_stride + out_col + cols[None, :]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=b_mask[:, None] & col_mask[None, :])
+            _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)
             b, b_mask, start, length, ids, w_round = nb, nb < B, n_start, n_length, n_ids, n_w

@@ -25,6 +25,11 @@ def test_warp_bags_sum_in_order(pooling, weighted):
         out = run(emb, indices, offsets, psw, (bags, unroll, block_d, bags, 1, 0, 3))
         assert_tbe_close(out, expected, 70)
         assert torch.equal(out, run(emb, indices, offsets, psw, (bags, 1, block_d, 1, 1, 0))), (bags, unroll)
+    # A program column per feature (every row in one column block, as the module launches the
+    # end-to-end tables), and int32 ids and offsets: the same bits.
+    out = run(emb, indices, offsets, psw, (4, 8, 64, 4, 1, 0, 3))
+    assert torch.equal(run(emb, indices, offsets, psw, (4, 8, 64, 4, 1, 0, 3), direct=True), out)
+    assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (4, 8, 64, 4, 1, 0, 3, 2)), out)
 
 
 def test_groups_of_bags_one_after_another_give_the_same_bits():

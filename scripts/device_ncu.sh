@@ -5,7 +5,7 @@
 # it, the configs timed plainly (5 rounds). Results under $OUT: device.txt, timed.{json,md}
 # (the suite's report for CONFIGS), ncu_<config>_<pass>.txt (ncu's details page).
 #   CONFIGS (default ctr-dlrm,long-bags): suite configs;
-#   KERNELS (default forward): forward (ours _pooled_forward_kernel, FBGEMM's
+#   KERNELS (default forward): forward (ours _pooled_forward_kernel and _warp_pooled_forward_kernel, FBGEMM's
 #     *codegen_forward*) and/or backward (ours _pieces_kernel, FBGEMM's *backward_codegen*).
 # After the GPU stack's second call (../shared/device/README.md):
 #   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_ncu.sh

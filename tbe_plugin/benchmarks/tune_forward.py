@@ -154,6 +154,8 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         heuristic = pooled_launch_config(L, max_dim, elem, workload.weights_precision == "bf16")
         bags, block_l, block_d, warps, stages, prefetch, *flat = heuristic
         siblings = [tuple(heuristic), (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch, *flat)]
+        if flat and flat[0] == 3:  # the warp kernel ignores PREFETCH: its sibling takes groups of 4 bags in turn
+            siblings[1] = (*heuristic[:7], 4)
         ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))
         first = tuple(siblings) + tuple(c for c in (*ahead, *first) if c not in siblings)
         results = []

@@ -359,6 +359,9 @@ def forward_into(
     if flat not in (0, 1, 2, 3):
         raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1, 2 or 3, "
                          f"got {flat!r}")
+    if len(extra) > (3 if flat == 3 else 2) or (flat == 3 and prefetch):
+        raise ValueError(f"forward launch config {tuple(config)}: an eighth value (SEQ) is the warp kernel's "
+                         f"(FLAT 3) only, and that kernel takes no PREFETCH (its sixth value must be 0)")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,

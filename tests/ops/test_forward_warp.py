@@ -45,6 +45,11 @@ def test_groups_of_bags_one_after_another_give_the_same_bits():
         assert torch.equal(run(emb, indices, offsets, psw, (bags, 8, 64, bags, 1, 0, 3, seq)), plain), (bags, seq)
     with pytest.raises(ValueError, match="eighth value \\(SEQ, groups of bags a program of the warp kernel\\)"):
         run(emb, indices, offsets, psw, (1, 8, 64, 1, 1, 0, 3, 0))
+    # Values no kernel reads raise instead of being ignored: SEQ on another kernel, a ninth
+    # value, PREFETCH on the warp kernel.
+    for config in [(16, 2, 64, 1, 1, 1, 0, 4), (1, 8, 64, 1, 1, 0, 3, 2, 1), (1, 8, 64, 1, 1, 1, 3)]:
+        with pytest.raises(ValueError, match="eighth value \\(SEQ\\) is the warp kernel's"):
+            run(emb, indices, offsets, psw, config)
 
 
 def test_bad_ids_and_offsets_are_counted_as_the_lockstep_kernel_counts_them():

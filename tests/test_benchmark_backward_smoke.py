@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,17 @@ def test_time_alternating_passes_the_untimed_setup_result():
     assert {name: len(s) for name, s in samples.items()} == {"a": 3, "b": 3}
     for name in seen:
         assert seen[name] == [(name, 0), (name, 1), (name, 0), (name, 1), (name, 2)]
+
+
+def test_time_alternating_gives_short_calls_more_rounds_alike_for_every_provider():
+    calls = {"fast": lambda _i: None, "slow": lambda _i: time.sleep(0.002)}
+    cpu = torch.device("cpu")
+    samples = time_alternating(calls, iters=3, warmup=1, device=cpu, min_ms=20.0, max_iters=30)
+    rounds = {name: len(s) for name, s in samples.items()}
+    # The slower provider's ~2 ms warm-up call sets the rounds: ceil(20 / 2.x) is 6 to 10.
+    assert rounds["fast"] == rounds["slow"] and 6 <= rounds["slow"] <= 10
+    capped = time_alternating(calls, iters=3, warmup=1, device=cpu, min_ms=1000.0, max_iters=12)
+    assert {name: len(s) for name, s in capped.items()} == {"fast": 12, "slow": 12}
+    long_calls = {"a": lambda _i: time.sleep(0.01)}
+    assert len(time_alternating(long_calls, iters=4, warmup=1, device=cpu, min_ms=20.0)["a"]) == 4
+    assert len(time_alternating(calls, iters=3, warmup=0, device=cpu, min_ms=20.0)["slow"]) == 3  # no warm-up: iters

@@ -206,10 +206,11 @@ def time_modes(modules, batches, grad, args, device) -> dict[str, dict[str, list
     forward = {name: (lambda i, m=m: lookup(m, batch(i))) for name, m in modules.items()}
     backward = {name: (lambda out: out.backward(grad)) for name in modules}
     step = {name: (lambda i, m=m: lookup(m, batch(i)).backward(grad)) for name, m in modules.items()}
+    rounds = dict(min_ms=args.min_timed_ms, max_iters=args.max_iters)
     return {
-        "fwd": time_alternating(forward, args.iters, args.warmup, device),
-        "bwd": time_alternating(backward, args.iters, args.warmup, device, prepare=forward),
-        "fwd+bwd": time_alternating(step, args.iters, args.warmup, device),
+        "fwd": time_alternating(forward, args.iters, args.warmup, device, **rounds),
+        "bwd": time_alternating(backward, args.iters, args.warmup, device, prepare=forward, **rounds),
+        "fwd+bwd": time_alternating(step, args.iters, args.warmup, device, **rounds),
     }
 
 
@@ -356,6 +357,15 @@ def write_partial_report(report: dict, out_dir: str) -> str:
     return markdown
 
 
+def _rounds_text(args) -> str:
+    """How many timed rounds, for the report's method line."""
+    if args.min_timed_ms <= 0:
+        return f"{args.iters} rounds"
+    return (f"{args.iters} rounds or, for short calls, as many as bring the slower provider's last warm-up "
+            f"call times the rounds to {args.min_timed_ms:g} ms (at most {max(args.iters, args.max_iters)}; "
+            "the same for both; each entry's sample count is its rounds)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser, "backward", "timed rounds per mode (default 20, smoke 3)")
@@ -381,9 +391,10 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "tbe_backward", "mode": "smoke" if args.smoke else "device",
         "environment": collect_environment(device), "copy_bandwidth": copy_bw, "providers": PROVIDERS,
         "modes": list(MODES), "bytes_formula": {"fwd": FORWARD_BYTES_FORMULA, "bwd": BACKWARD_BYTES_FORMULA},
-        "settings": {**{k: getattr(args, k) for k in ("iters", "warmup", "batches", "seed")},
+        "settings": {**{k: getattr(args, k) for k in ("iters", "min_timed_ms", "max_iters", "warmup", "batches",
+                                                       "seed")},
                      "learning_rate": LEARNING_RATE, "eps": EPS, "stochastic_rounding": False},
-        "method": (f"per mode, {args.warmup} warm-up calls per provider, then {args.iters} rounds calling "
+        "method": (f"per mode, {args.warmup} warm-up calls per provider, then {_rounds_text(args)} calling "
                    f"both once, order alternating (A B, B A, ...), {clock} per call, median with p10/p90; "
                    f"{args.batches} distinct requests cycled, one fixed grad_output ~ N(0, 1) per config. "
                    "fwd: forward in grad mode, output discarded; bwd: an untimed forward, then "

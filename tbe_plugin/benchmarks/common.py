@@ -17,6 +17,7 @@ same inputs, the same alternating order, the same clock.
 import dataclasses
 import inspect
 import logging
+import math
 import os
 import platform
 import time
@@ -353,7 +354,7 @@ def summarize_ms(samples_ms: list[float]) -> dict:
 
 def time_alternating(
     calls: dict[str, Callable[[int], object]], iters: int, warmup: int, device: torch.device,
-    prepare: dict[str, Callable[[int], object]] | None = None,
+    prepare: dict[str, Callable[[int], object]] | None = None, min_ms: float = 0.0, max_iters: int = 30,
 ) -> dict[str, list[float]]:
     """Per-call milliseconds of every provider, timed in alternating order.
 
@@ -368,16 +369,29 @@ def time_alternating(
     (warm-up included) and its result replaces ``i`` as the call's argument: the backward
     benchmark's forward before a timed ``out.backward(grad)``. Its work is queued before
     the start event, so a CUDA sample holds the call alone (FBGEMM's ``bwd_only``).
+
+    ``min_ms`` > 0: more rounds for short calls, the same number for every provider: enough
+    that the slowest provider's last warm-up call, times the rounds, reaches ``min_ms``, at
+    least ``iters`` and at most ``max(iters, max_iters)`` (calls of a fraction of a
+    millisecond are host-bound and vary from call to call: 5 rounds leave their medians
+    inside that spread).
     """
     names = list(calls)
 
     def argument(name: str, i: int) -> object:
         return prepare[name](i) if prepare is not None else i
 
+    last_warmup_ms = {}
     for name in names:
         for i in range(warmup):
-            calls[name](argument(name, i))
+            arg = argument(name, i)
+            synchronize(device)
+            begin = time.perf_counter()
+            calls[name](arg)
+            synchronize(device)
+            last_warmup_ms[name] = (time.perf_counter() - begin) * 1e3
     synchronize(device)
+    iters = _rounds(iters, min_ms, max_iters, last_warmup_ms)
     if device.type == "cuda":
         events: dict[str, list] = {name: [] for name in names}
         for r in range(iters):
@@ -399,6 +413,15 @@ def time_alternating(
             calls[name](arg)
             samples[name].append((time.perf_counter() - begin) * 1e3)
     return samples
+
+
+def _rounds(iters: int, min_ms: float, max_iters: int, last_warmup_ms: dict[str, float]) -> int:
+    """``time_alternating``'s rounds: ``iters``, or more (up to ``max_iters``) while the
+    slowest provider's warm-up call times the rounds stays under ``min_ms``."""
+    if min_ms <= 0 or not last_warmup_ms:
+        return iters
+    slowest = max(max(last_warmup_ms.values()), 1e-3)
+    return max(iters, min(max_iters, math.ceil(min_ms / slowest)))
 
 
 @torch.no_grad()
@@ -459,6 +482,10 @@ def add_run_arguments(parser, stem: str, iters_help: str) -> None:
     parser.add_argument("--configs", default=None, help="comma-separated config names (of --suite)")
     parser.add_argument("--iters", type=int, default=None, help=iters_help)
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per provider")
+    parser.add_argument("--min-timed-ms", type=float, default=0.0,
+                        help="more rounds for short calls: rounds x the slowest provider's warm-up call "
+                             "reaches this many ms (at most --max-iters rounds); 0: --iters rounds")
+    parser.add_argument("--max-iters", type=int, default=30, help="the most rounds --min-timed-ms gives")
     parser.add_argument("--batches", type=int, default=None, help="distinct requests cycled")
     parser.add_argument("--copy-gib", type=float, default=None, help="size of the copy-bandwidth probe")
     parser.add_argument("--seed", type=int, default=0)

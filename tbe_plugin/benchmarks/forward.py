@@ -183,7 +183,8 @@ def run_config(cfg: BenchConfig, args, device: torch.device, copy_tbps: float) -
     moved = forward_bytes(cfg, batches[0])
     calls = {name: (lambda i, p=p: p.forward(batches[i % len(batches)]))
              for name, p in providers.items()}
-    samples = time_alternating(calls, args.iters, args.warmup, device) if calls else {}
+    samples = (time_alternating(calls, args.iters, args.warmup, device, min_ms=args.min_timed_ms,
+                                max_iters=args.max_iters) if calls else {})
     results = {}
     for name in [*providers, *unavailable]:
         if name in unavailable:

@@ -89,9 +89,6 @@ CANDIDATES = {
     "graphs_nofill": _launch(graph_fill=False),
     # The rows sorted by ops.radix_sort (only their bits, the bag carried) instead of torch.sort.
     "radix": _launch(radix_sort=True),
-    # A gradient row repeated in one bag added again from registers, not loaded again.
-    "reuse": _launch(piece_reuse=True),
-    "reuse_unroll8": _launch(piece_reuse=True, piece_unroll=8),
 }
 
 

@@ -179,11 +179,6 @@ class RunsLaunch:
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:
     a count and a scatter by (class, gradient row)), so that pieces running together read
     neighbouring gradient rows and L2 serves most of the gather; no sum depends on the order."""
-    piece_reuse: bool = False
-    """``pieces``, unscaled (no per-sample weights, not MEAN): an id whose output-gradient row is
-    the previous id's in its piece (a row repeated in one bag) adds the row the kernel holds
-    instead of loading it again (bitwise the same sums). The suite's batches: 31% of
-    ctr-dlrm's ids and 20% of ctr-mix's repeat their bag's previous id of the same row."""
     graph_max_ids: int = 1 << 20
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel

@@ -228,7 +228,7 @@ def _pieces_kernel(
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
-    GRAD_CELL: tl.constexpr, REUSE: tl.constexpr = False,
+    GRAD_CELL: tl.constexpr,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL a step, a step's
@@ -237,11 +237,7 @@ def _pieces_kernel(
     its sum as a partial of its cell. (Loading whole rounds of pieces ahead as well was
     slower everywhere: its carried operands took 113-146 registers a thread against 60,
     H200 at aabad7f, results/NOTES_2026-12-02.md part 6.) GRAD_CELL: the output gradient
-    is read at the address in ``grad_cell_ptr`` (``_grad_pointer``), ``grad_ptr`` giving its type.
-    REUSE (unscaled only): an id whose gradient row is the previous id's (a row repeated in
-    one bag: the sort keeps a bag's ids of one row side by side) adds the row already in
-    registers instead of loading it again; the same values in the same order, so the sums
-    are bitwise those without it."""
+    is read at the address in ``grad_cell_ptr`` (``_grad_pointer``), ``grad_ptr`` giving its type."""
     grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
@@ -263,32 +259,16 @@ def _pieces_kernel(
         w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,
                                    OPTIMIZER)  # fmt: skip
         total = tl.zeros([RUNS, BLOCK_D], dtype=tl.float32)
-        held = _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN)
-        total += held
-        held_g = g_first
+        total += _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN)
         # Ids 1.. of the pieces, UNROLL a step: the step's gathers issued together with the
         # loads of the next step's gradient-row starts, then summed in id order.
         for k0 in tl.range(1, tl.max(length, axis=0), UNROLL, num_stages=1):
             step_g, step_s = ahead_g, ahead_s
             ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, k0 + UNROLL,
                                              SCALED, UNROLL)  # fmt: skip
-            if REUSE and not SCALED:
-                rows = ()
-                for u in tl.static_range(UNROLL):
-                    member = (k0 + u) < length
-                    again = member & (step_g[u] == (held_g if u == 0 else step_g[u - 1]))
-                    rows = rows + (_gather_gradients(grad_ptr, step_g[u], step_s[u], member & ~again, cols, dim,
-                                                     SCALED, ALIGN),)  # fmt: skip
-                for u in tl.static_range(UNROLL):
-                    member = (k0 + u) < length
-                    again = member & (step_g[u] == (held_g if u == 0 else step_g[u - 1]))
-                    held = tl.where(again[:, None], held, rows[u])
-                    total += held
-                held_g = step_g[UNROLL - 1]
-            else:
-                for u in tl.static_range(UNROLL):
-                    total += _gather_gradients(grad_ptr, step_g[u], step_s[u], (k0 + u) < length, cols, dim, SCALED,
-                                               ALIGN)  # fmt: skip
+            for u in tl.static_range(UNROLL):
+                total += _gather_gradients(grad_ptr, step_g[u], step_s[u], (k0 + u) < length, cols, dim, SCALED,
+                                           ALIGN)  # fmt: skip
         _update_row_state_and_weights(
             total, w, m1, m2, whole, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
             step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,

@@ -569,7 +569,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
             BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, GRAD_CELL=grad_cell is not None,
-            REUSE=launch.piece_reuse and not scaled, num_warps=sizes.piece_warps,
+            num_warps=sizes.piece_warps,
             **modes,
         )  # fmt: skip
         if N <= piece:

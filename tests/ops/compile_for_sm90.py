@@ -272,7 +272,6 @@ def pieces_variants():
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, GRAD_CELL=True), sizes.piece_warps, weights, "*i32"
-                        yield kernel, dict(constexprs, SCALED=False, REUSE=True), sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
@@ -285,15 +284,12 @@ def pieces_variants():
         yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=backward.ORDER_BLOCK), \
             backward.ORDER_WARPS, "*fp32", "*i32"  # fmt: skip
     sizes = launch.for_block_d(128)
-    fp32_rowwise = dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
-                        PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
-                        BARRIER=True, RECORDS=False, STOPS=False, GRAD_CELL=False)  # fmt: skip
-    yield pieces._pieces_kernel, fp32_rowwise, sizes.piece_warps, "*fp32", "*i64"
-    # The end-to-end tables' kernel (fp32 rowwise Adagrad, unscaled), loading every id's
-    # gradient row and reusing a bag's repeated one (RunsLaunch.piece_reuse), UNROLL 4 and 8.
-    for reuse, unroll in ((False, 4), (True, 4), (True, 8)):
-        yield pieces._pieces_kernel, dict(fp32_rowwise, SCALED=False, REUSE=reuse, UNROLL=unroll), \
-            sizes.piece_warps, "*fp32", "*i32"  # fmt: skip
+    yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
+                                      PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
+                                      UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
+                                      GRAD_CELL=False), \
+        sizes.piece_warps, \
+        "*fp32", "*i64"  # fmt: skip
 
 
 def main():

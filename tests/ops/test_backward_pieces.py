@@ -102,28 +102,6 @@ def test_pieces_deterministic_with_inexact_sums(second):
     assert_bitwise_equal(*results)
 
 
-@pytest.mark.parametrize("pooling, unroll", [("SUM", 4), ("SUM", 1), ("MEAN", 4)])
-def test_reusing_a_bags_repeated_gradient_row_keeps_every_bit(pooling, unroll):
-    """``piece_reuse``: ids of one row in one bag (row 0 in most of each bag here: runs of
-    a bag's repeats that cross steps of UNROLL ids, pieces and cells) add the gradient row
-    already loaded; random gradients (inexact sums): tables and states bit for bit those
-    of the launch that loads every id's row, and the reference's within tolerance. MEAN
-    scales each id: the option does not apply there, and must change nothing either."""
-    results = []
-    for reuse in (False, True):
-        emb = build("EXACT_ROWWISE_ADAGRAD", pooling, learning_rate=0.05)
-        emb.backward_launch = dataclasses.replace(PIECES, piece_unroll=unroll, piece_reuse=reuse)
-        rows = [emb.table_rows[t] for t in emb.feature_table_map]
-        indices, offsets = make_bags(rows, B=6, max_len=14, seed=5, hot_fraction=0.85)
-        out = emb(indices, offsets)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)))
-        results.append(emb)
-    assert_bitwise_equal(*results)
-    emb = build("EXACT_ROWWISE_ADAGRAD", pooling, learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, piece_unroll=unroll, piece_reuse=True)
-    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
-
-
 def test_pieces_empty_batch_and_empty_bags():
     """A batch of empty bags changes nothing; one table with empty bags among others
     trains as the reference does."""

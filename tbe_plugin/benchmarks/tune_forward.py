@@ -95,12 +95,12 @@ def production_first(max_dim: int, elem: int):
     # before b8c7017's Nsight Compute profile showed the one-warp tile at 12% occupancy.
     ahead += [(16, 2, block_d, 2, 1, 1), (16, 2, block_d, 4, 1, 1), (32, 1, block_d, 4, 1, 1),
               (32, 2, block_d, 8, 1, 1), (8, 2, block_d, 1, 1, 1)]
-    # The warp kernel (FLAT 3, ops.forward_warp: an id a lane, 60-72 registers), first: a bag a
-    # program (the heuristic's for bags of 24-48 ids since 59738aa), then groups of 2-8 bags a
-    # program one after another (the eighth value, SEQ: the next group's ids load during this
-    # group's rows; untimed when written).
+    # The warp kernel (FLAT 3, ops.forward_warp: an id a lane, 60-64 registers), first: a bag a
+    # program (the heuristic's for bags of 24-48 ids since 59738aa). (Groups of 2-8 bags a
+    # program one after another, the next group's ids loaded during this group's rows, were
+    # timed at 9bc6bf3 and removed: no faster where right, and wrong on the GPU with Poisson
+    # bags: results/tune_forward_h200_9bc6bf3_seq.json.)
     warp = [(1, unroll, block_d, 1, 1, 0, 3) for unroll in (8, 32)]
-    warp += [(1, 8, block_d, 1, 1, 0, 3, seq) for seq in (2, 4, 8)] + [(1, 32, block_d, 1, 1, 0, 3, 4)]
     return tuple(warp + ahead + configs)
 
 
@@ -154,8 +154,8 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         heuristic = pooled_launch_config(L, max_dim, elem, workload.weights_precision == "bf16")
         bags, block_l, block_d, warps, stages, prefetch, *flat = heuristic
         siblings = [tuple(heuristic), (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch, *flat)]
-        if flat and flat[0] == 3:  # the warp kernel ignores PREFETCH: its sibling takes groups of 4 bags in turn
-            siblings[1] = (*heuristic[:7], 4)
+        if flat and flat[0] == 3:  # the warp kernel takes no PREFETCH: its sibling takes three stages
+            siblings[1] = (bags, block_l, block_d, warps, 3, 0, *flat)
         ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))
         first = tuple(siblings) + tuple(c for c in (*ahead, *first) if c not in siblings)
         results = []

@@ -359,9 +359,9 @@ def forward_into(
     if flat not in (0, 1, 2, 3):
         raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1, 2 or 3, "
                          f"got {flat!r}")
-    if len(extra) > (3 if flat == 3 else 2) or (flat == 3 and prefetch):
-        raise ValueError(f"forward launch config {tuple(config)}: an eighth value (SEQ) is the warp kernel's "
-                         f"(FLAT 3) only, and that kernel takes no PREFETCH (its sixth value must be 0)")
+    if len(extra) > 2 or (flat == 3 and prefetch):
+        raise ValueError(f"forward launch config {tuple(config)}: at most seven values, and the warp kernel (FLAT 3) "
+                         f"takes no PREFETCH (its sixth value must be 0)")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
@@ -374,14 +374,10 @@ def forward_into(
         )  # fmt: skip
         return
     if flat == 3:
-        seq = extra[2] if len(extra) > 2 else 1  # groups of BAGS bags a program, one after another
-        if not isinstance(seq, int) or seq < 1:
-            raise ValueError(f"forward launch config {tuple(config)}: its eighth value (SEQ, groups of bags a "
-                             f"program of the warp kernel) must be an int >= 1, got {seq!r}")
-        _warp_pooled_forward_kernel[(cdiv(B, bags * seq), grid[1])](
+        _warp_pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), MEAN=modes["MEAN"], WEIGHTED=weighted, CHECK=check,
-            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES, SEQ=seq,
+            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return

@@ -88,7 +88,6 @@ def _warp_pooled_forward_kernel(
     BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr,
     ROUND: tl.constexpr,  # ids a bag loaded a round (32: one a lane)
-    SEQ: tl.constexpr = 1,  # groups of BAGS bags a program, one after another
 ):
     pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
@@ -98,45 +97,16 @@ def _warp_pooled_forward_kernel(
     col_mask = cols < dim
     lane = tl.arange(0, ROUND)
     out_stride = out_stride // ALIGN * ALIGN
-    if SEQ == 1:
-        b = pid_bag * BAGS + tl.arange(0, BAGS)
-        b_mask = b < B
-        start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
-                                         CHECK)  # fmt: skip
-        length = end - start
-        max_len = tl.max(length, axis=0)
-        acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
-        for r0 in range(0, max_len, ROUND):
-            ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
-                                       True, CHECK, WEIGHTED)  # fmt: skip
-            acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
-                             weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
-        _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)
-    else:
-        # SEQ groups one after another; each group's bounds and first round of ids are loaded
-        # while the group before reads its rows, so a group starts without waiting on them.
-        b = pid_bag * (SEQ * BAGS) + tl.arange(0, BAGS)
-        b_mask = b < B
-        start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
-                                         CHECK)  # fmt: skip
-        length = end - start
-        ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, 0, rows, lane,
+    b = pid_bag * BAGS + tl.arange(0, BAGS)
+    b_mask = b < B
+    start, end = _checked_bag_bounds(offsets_ptr, feature * B + b, b_mask, num_indices, total_bags, status_ptr,
+                                     CHECK)  # fmt: skip
+    length = end - start
+    max_len = tl.max(length, axis=0)
+    acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+    for r0 in range(0, max_len, ROUND):
+        ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
                                    True, CHECK, WEIGHTED)  # fmt: skip
-        for s in range(SEQ):
-            nb = b + BAGS
-            n_mask = (nb < B) & (s + 1 < SEQ)  # the next group (none after the program's last)
-            n_start, n_end = _checked_bag_bounds(offsets_ptr, feature * B + nb, n_mask, num_indices, total_bags,
-                                                 status_ptr, CHECK)  # fmt: skip
-            n_length = n_end - n_start
-            n_ids, n_w = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, n_start, n_length, 0, rows,
-                                     lane, n_mask[:, None], CHECK, WEIGHTED)  # fmt: skip
-            max_len = tl.max(length, axis=0)
-            acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
-            for r0 in range(0, max_len, ROUND):
-                if r0 > 0:
-                    ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0,
-                                               rows, lane, True, CHECK, WEIGHTED)  # fmt: skip
-                acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
-                                 weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
-            _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)
-            b, b_mask, start, length, ids, w_round = nb, nb < B, n_start, n_length, n_ids, n_w
+        acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
+                         weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
+    _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)

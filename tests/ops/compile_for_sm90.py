@@ -156,11 +156,11 @@ def variants():
                 avg_len, max_dim, elem, weights == "*bf16")
             if max_dim > 128 and block_d != forward.WIDE_TILE:
                 continue  # 4-byte rows: the 128-column tile, compiled above
-            if flat and flat[0] == 3:  # a warp a bag (ops.forward_warp); SEQ 4: groups one after another
-                for mean, weighted, seq in ((False, False, 1), (True, False, 1), (True, True, 1), (False, False, 4)):
+            if flat and flat[0] == 3:  # a warp a bag (ops.forward_warp)
+                for mean, weighted in ((False, False), (True, False), (True, True)):
                     yield forward._warp_pooled_forward_kernel, dict(
                         MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, UNROLL=block_l,
-                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, SEQ=seq,
+                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES,
                     ), (warps, stages), weights, "*i32"  # fmt: skip
                 continue
             kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel

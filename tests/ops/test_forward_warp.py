@@ -29,27 +29,18 @@ def test_warp_bags_sum_in_order(pooling, weighted):
     # end-to-end tables), and int32 ids and offsets: the same bits.
     out = run(emb, indices, offsets, psw, (4, 8, 64, 4, 1, 0, 3))
     assert torch.equal(run(emb, indices, offsets, psw, (4, 8, 64, 4, 1, 0, 3), direct=True), out)
-    assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (4, 8, 64, 4, 1, 0, 3, 2)), out)
+    assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (4, 8, 64, 4, 1, 0, 3)), out)
 
 
-def test_groups_of_bags_one_after_another_give_the_same_bits():
-    """SEQ (the eighth value): 2-3 groups of bags a program, each group's bounds and first ids
-    loaded during the group before: the one-group launch's bits, with the last program
-    part-filled and bags over two rounds of 32 ids; a SEQ below 1 raises naming it."""
+def test_launch_values_no_kernel_reads_raise():
+    """Values no kernel reads raise instead of being ignored: an eighth value, PREFETCH on the
+    warp kernel."""
     emb = build(pooling="MEAN")
-    B = 7
-    indices, offsets = make_bags(rows_of(emb), B=B, max_len=40, seed=7, hot_fraction=0.3)
-    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(7))
-    plain = run(emb, indices, offsets, psw, (1, 8, 64, 1, 1, 0, 3))
-    for bags, seq in [(1, 3), (2, 2), (1, 8)]:
-        assert torch.equal(run(emb, indices, offsets, psw, (bags, 8, 64, bags, 1, 0, 3, seq)), plain), (bags, seq)
-    with pytest.raises(ValueError, match="eighth value \\(SEQ, groups of bags a program of the warp kernel\\)"):
-        run(emb, indices, offsets, psw, (1, 8, 64, 1, 1, 0, 3, 0))
-    # Values no kernel reads raise instead of being ignored: SEQ on another kernel, a ninth
-    # value, PREFETCH on the warp kernel.
-    for config in [(16, 2, 64, 1, 1, 1, 0, 4), (1, 8, 64, 1, 1, 0, 3, 2, 1), (1, 8, 64, 1, 1, 1, 3)]:
-        with pytest.raises(ValueError, match="eighth value \\(SEQ\\) is the warp kernel's"):
-            run(emb, indices, offsets, psw, config)
+    indices, offsets = make_bags(rows_of(emb), B=3, max_len=8, seed=7)
+    for config in [(16, 2, 64, 1, 1, 1, 0, 4), (1, 8, 64, 1, 1, 0, 3, 2), (1, 8, 64, 1, 1, 1, 3)]:
+        with pytest.raises(ValueError, match="at most seven values, and the warp kernel \\(FLAT 3\\) takes no "
+                                             "PREFETCH"):
+            run(emb, indices, offsets, None, config)
 
 
 def test_bad_ids_and_offsets_are_counted_as_the_lockstep_kernel_counts_them():
@@ -63,7 +54,7 @@ def test_bad_ids_and_offsets_are_counted_as_the_lockstep_kernel_counts_them():
     lockstep = run(emb, indices, offsets, None, (4, 1, 64, 1, 1, 0))
     expected = emb.bounds_check_status.clone()
     assert int(expected.sum()) > 0
-    for config in [(4, 4, 64, 4, 1, 0, 3), (1, 4, 64, 1, 1, 0, 3, 3)]:  # one group a program; three
+    for config in [(4, 4, 64, 4, 1, 0, 3), (1, 4, 64, 1, 1, 0, 3)]:
         emb.bounds_check_status.copy_(initial)
         assert torch.equal(run(emb, indices, offsets, None, config), lockstep), config
         assert torch.equal(emb.bounds_check_status, expected), config  # each id and bag counted once
@@ -87,8 +78,8 @@ def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
 @pytest.mark.gpu
 def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
     """On CUDA, a production-shaped batch (Poisson bags of means 5-40, Zipf ids): the lockstep
-    kernel's one-id-a-step bits (four bags a program at once, or one at a time in groups of
-    four), and the lockstep heuristic tile's sums within fp32 rounding."""
+    kernel's one-id-a-step bits (four bags a program at once, or one), and the lockstep
+    heuristic tile's sums within fp32 rounding."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
     from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
@@ -99,6 +90,6 @@ def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
     with torch.no_grad():
         out = run(emb, indices, offsets, None, (4, 8, 128, 4, 1, 0, 3))
         assert torch.equal(out, run(emb, indices, offsets, None, (16, 1, 128, 1, 1, 0)))
-        assert torch.equal(out, run(emb, indices, offsets, None, (1, 8, 128, 1, 1, 0, 3, 4)))  # groups in turn
+        assert torch.equal(out, run(emb, indices, offsets, None, (1, 8, 128, 1, 1, 0, 3)))
         torch.testing.assert_close(out, run(emb, indices, offsets, None, (16, 2, 128, 1, 1, 1)), rtol=1e-5,
                                    atol=1e-4)  # fmt: skip

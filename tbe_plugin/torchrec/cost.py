@@ -135,10 +135,10 @@ class KernelSpeed:
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)
 
 
-KERNEL_BENCHMARK = "backward_h200_59738aa.json"
-"""The backward suite measured on an H200 at 59738aa (the backward of 0a38137: pieces backward, graphs in place
+KERNEL_BENCHMARK = "backward_h200_ca8702c.json"
+"""The backward suite measured on an H200 at ca8702c (the backward of 0a38137: pieces backward, graphs in place
 with their inputs filled in the graph up to 2**20 ids; the warp-a-bag forward for bags of 24-48 ids; 22 configs,
-ctr-dlrm among them; results/NOTES_2026-12-03.md, part 4)."""
+ctr-dlrm among them; results/NOTES_2026-12-03.md, part 5)."""
 
 
 def default_kernel_benchmark() -> str:

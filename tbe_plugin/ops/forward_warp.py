@@ -43,12 +43,12 @@ def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset
 
 
 @triton.jit
-def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane, live,
+def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
                 CHECK: tl.constexpr, WEIGHTED: tl.constexpr):  # fmt: skip
     """A round of ids ([BAGS, ROUND], positions r0.. of each bag; as int32: rows within a
     table fit) and their per-sample weights (the ids again when not WEIGHTED: unused)."""
     pos = start[:, None] + r0 + lane[None, :]  # [BAGS, ROUND]: a bag a warp, an id a lane
-    in_bag = ((r0 + lane)[None, :] < length[:, None]) & live
+    in_bag = (r0 + lane)[None, :] < length[:, None]
     ids = _checked_ids(indices_ptr, pos, in_bag, rows, status_ptr, CHECK).to(tl.int32)
     w_round = ids
     if WEIGHTED:
@@ -106,7 +106,7 @@ def _warp_pooled_forward_kernel(
     acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
     for r0 in range(0, max_len, ROUND):
         ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
-                                   True, CHECK, WEIGHTED)  # fmt: skip
+                                   CHECK, WEIGHTED)  # fmt: skip
         acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
                          weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
     _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)

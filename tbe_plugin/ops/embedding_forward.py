@@ -354,14 +354,15 @@ def forward_into(
     bags, block_l, block_d, num_warps, num_stages, *extra = config
     prefetch = bool(extra and extra[0])
     # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks; 3: a warp a bag (``forward_warp``:
-    # BAGS bags a program, BLOCK_L rows at once a warp)
+    # BAGS bags a program, BLOCK_L rows at once a warp); 4: the same, one bag a program, with
+    # fewer instructions a row (``forward_warp._lean_rows``)
     flat = extra[1] if len(extra) > 1 else 0
-    if flat not in (0, 1, 2, 3):
-        raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1, 2 or 3, "
-                         f"got {flat!r}")
-    if len(extra) > 2 or (flat == 3 and prefetch):
-        raise ValueError(f"forward launch config {tuple(config)}: at most seven values, and the warp kernel (FLAT 3) "
-                         f"takes no PREFETCH (its sixth value must be 0)")
+    if flat not in (0, 1, 2, 3, 4):
+        raise ValueError(f"forward launch config {tuple(config)}: its seventh value (FLAT) must be 0, 1, 2, 3 or "
+                         f"4, got {flat!r}")
+    if len(extra) > 2 or (flat >= 3 and prefetch) or (flat == 4 and bags != 1):
+        raise ValueError(f"forward launch config {tuple(config)}: at most seven values, the warp kernel (FLAT 3 "
+                         f"and 4) takes no PREFETCH (its sixth value must be 0), and FLAT 4 one bag a program")
     direct = work_items is None  # every feature, one column block each (launch_forward knows)
     grid = (cdiv(B, bags), num_features if direct else work_items.shape[0])
     modes = dict(MEAN=pooling == Pooling.MEAN, WEIGHTED=weighted, CHECK=check, ALIGN=align,
@@ -373,11 +374,13 @@ def forward_into(
             B, num_features * B, num_indices, out.stride(0), **modes,
         )  # fmt: skip
         return
-    if flat == 3:
+    if flat >= 3:
         _warp_pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), MEAN=modes["MEAN"], WEIGHTED=weighted, CHECK=check,
-            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES,
+            ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES, LEAN=flat == 4,
+            # Every row one column block, and B x sum(D) = B x F x BLOCK_D: every D is BLOCK_D.
+            FULL=flat == 4 and direct and out.shape[1] == num_features * block_d,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return

@@ -43,6 +43,46 @@ def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset
 
 
 @triton.jit
+def _lean_row(weights_ptr, ids, w_round, j, base, vectors, cols, mask, WEIGHTED: tl.constexpr, ALIGN: tl.constexpr,
+              FULL: tl.constexpr):  # fmt: skip
+    """Row j of a round (an id a lane) in fp32, [1, BLOCK_D]: its start a 32 x 32 -> 64-bit
+    unsigned multiply (ids are rows of their table, below 2**31); ``mask`` None loads it
+    whole (FULL: every column block is a whole row)."""
+    which = tl.full((1, 1), 0, tl.int32) + j
+    row = tl.gather(ids, which, axis=1)  # [1, 1]: row j's id, from the lane holding it
+    row_start = (base + (row.to(tl.uint32).to(tl.uint64) * vectors).to(tl.int64)) * ALIGN
+    if FULL and mask is None:
+        vals = tl.load(weights_ptr + row_start + cols[None, :]).to(tl.float32)
+    else:
+        vals = tl.load(weights_ptr + row_start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if WEIGHTED:
+        vals = vals * tl.gather(w_round, which, axis=1)
+    return vals
+
+
+@triton.jit
+def _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols, col_mask, WEIGHTED: tl.constexpr,
+               ALIGN: tl.constexpr, UNROLL: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
+    """``_warp_rows`` for one bag a program (BAGS 1), with fewer instructions a row: the rows
+    before the last group of UNROLL are all in the bag, so their loads carry no row mask
+    (and no mask at all with FULL); the last group's rows are masked by a 32-bit count. The
+    same rows added in the same order: the same bits as ``_warp_rows``."""
+    n_rows = n_rows.to(tl.int32)
+    n_full = n_rows // UNROLL * UNROLL
+    vectors = (dim // ALIGN).to(tl.uint32).to(tl.uint64)  # a row's length in ALIGN-element vectors
+    base = weight_offset // ALIGN
+    for j0 in range(0, n_full, UNROLL):
+        for u in tl.static_range(UNROLL):
+            acc += _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols, None if FULL else col_mask[None, :],
+                             WEIGHTED, ALIGN, FULL)  # fmt: skip
+    for j0 in range(n_full, n_rows, UNROLL):  # the last group, part in the bag
+        for u in tl.static_range(UNROLL):
+            acc += _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols,
+                             ((j0 + u) < n_rows) & col_mask[None, :], WEIGHTED, ALIGN, FULL)  # fmt: skip
+    return acc
+
+
+@triton.jit
 def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
                 CHECK: tl.constexpr, WEIGHTED: tl.constexpr):  # fmt: skip
     """A round of ids ([BAGS, ROUND], positions r0.. of each bag; as int32: rows within a
@@ -88,6 +128,8 @@ def _warp_pooled_forward_kernel(
     BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr,
     ROUND: tl.constexpr,  # ids a bag loaded a round (32: one a lane)
+    LEAN: tl.constexpr = False,  # BAGS 1 only: _lean_rows
+    FULL: tl.constexpr = False,  # LEAN only: every column block is a whole row (D == BLOCK_D, DIRECT)
 ):
     pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
@@ -107,6 +149,10 @@ def _warp_pooled_forward_kernel(
     for r0 in range(0, max_len, ROUND):
         ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
                                    CHECK, WEIGHTED)  # fmt: skip
-        acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
-                         weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
+        if LEAN:
+            acc = _lean_rows(acc, weights_ptr, ids, w_round, tl.minimum(max_len - r0, ROUND), weight_offset, dim,
+                             cols, col_mask, WEIGHTED, ALIGN, UNROLL, FULL)  # fmt: skip
+        else:
+            acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
+                             weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
     _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)

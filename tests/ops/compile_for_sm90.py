@@ -156,11 +156,13 @@ def variants():
                 avg_len, max_dim, elem, weights == "*bf16")
             if max_dim > 128 and block_d != forward.WIDE_TILE:
                 continue  # 4-byte rows: the 128-column tile, compiled above
-            if flat and flat[0] == 3:  # a warp a bag (ops.forward_warp)
-                for mean, weighted in ((False, False), (True, False), (True, True)):
+            if flat and flat[0] == 3:  # a warp a bag (ops.forward_warp); FLAT 4's lean rows, FULL or not
+                for mean, weighted, lean, full in ((False, False, False, False), (True, False, False, False),
+                                                   (True, True, False, False), (False, False, True, True),
+                                                   (False, False, True, False), (True, True, True, True)):  # fmt: skip
                     yield forward._warp_pooled_forward_kernel, dict(
                         MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, UNROLL=block_l,
-                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES,
+                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full,
                     ), (warps, stages), weights, "*i32"  # fmt: skip
                 continue
             kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel

@@ -32,14 +32,39 @@ def test_warp_bags_sum_in_order(pooling, weighted):
     assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (4, 8, 64, 4, 1, 0, 3)), out)
 
 
+@pytest.mark.parametrize("pooling, weighted", [("SUM", False), ("MEAN", True)])
+def test_lean_rows_give_the_same_bits(pooling, weighted):
+    """FLAT 4 (``forward_warp._lean_rows``: a bag a program, rows before a round's last group
+    of UNROLL loaded without a row mask, the last group masked by a 32-bit count): the bits of
+    FLAT 3 and of the lockstep kernel's one id a step, for bags of 0-70 ids (lengths that end
+    anywhere in a group, bags over two rounds of 32), tables of D 5-36 in 64-column blocks
+    (column masks), every D equal to the block (direct: FULL, loads with no mask at all),
+    int32 ids and offsets."""
+    emb = build(pooling=pooling)
+    indices, offsets = make_bags(rows_of(emb), B=5, max_len=70, seed=41, hot_fraction=0.3)
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(41)) if weighted else None
+    for unroll, block_d, direct in [(8, 64, False), (4, 16, False), (8, 64, True)]:
+        out = run(emb, indices, offsets, psw, (1, unroll, block_d, 1, 1, 0, 4), direct=direct)
+        assert torch.equal(out, run(emb, indices, offsets, psw, (1, unroll, block_d, 1, 1, 0, 3), direct=direct))
+        assert torch.equal(out, run(emb, indices, offsets, psw, (1, 1, block_d, 1, 1, 0))), (unroll, block_d)
+    assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (1, 8, 64, 1, 1, 0, 4)), out)
+    full = build(pooling=pooling, specs=[(23, 16), (9, 16)], feature_table_map=[0, 1, 0])
+    indices, offsets = make_bags(rows_of(full), B=3, max_len=40, seed=42, hot_fraction=0.3)
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(42)) if weighted else None
+    out = run(full, indices, offsets, psw, (1, 4, 16, 1, 1, 0, 4), direct=True)  # FULL
+    assert torch.equal(out, run(full, indices, offsets, psw, (1, 1, 16, 1, 1, 0)))
+    assert_tbe_close(out, reference(full, indices, offsets, psw), 40)
+
+
 def test_launch_values_no_kernel_reads_raise():
     """Values no kernel reads raise instead of being ignored: an eighth value, PREFETCH on the
-    warp kernel."""
+    warp kernel; FLAT 4 takes one bag a program."""
     emb = build(pooling="MEAN")
     indices, offsets = make_bags(rows_of(emb), B=3, max_len=8, seed=7)
-    for config in [(16, 2, 64, 1, 1, 1, 0, 4), (1, 8, 64, 1, 1, 0, 3, 2), (1, 8, 64, 1, 1, 1, 3)]:
-        with pytest.raises(ValueError, match="at most seven values, and the warp kernel \\(FLAT 3\\) takes no "
-                                             "PREFETCH"):
+    for config in [(16, 2, 64, 1, 1, 1, 0, 4), (1, 8, 64, 1, 1, 0, 3, 2), (1, 8, 64, 1, 1, 1, 3), (1, 8, 64, 1, 1, 1, 4),
+                   (2, 8, 64, 2, 1, 0, 4)]:  # fmt: skip
+        with pytest.raises(ValueError, match="at most seven values, the warp kernel \\(FLAT 3 and 4\\) takes no "
+                                             "PREFETCH .*and FLAT 4 one bag a program"):
             run(emb, indices, offsets, None, config)
 
 
@@ -78,8 +103,8 @@ def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
 @pytest.mark.gpu
 def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
     """On CUDA, a production-shaped batch (Poisson bags of means 5-40, Zipf ids): the lockstep
-    kernel's one-id-a-step bits (four bags a program at once, or one), and the lockstep
-    heuristic tile's sums within fp32 rounding."""
+    kernel's one-id-a-step bits (four bags a program at once, or one; FLAT 4's lean rows,
+    with and without FULL), and the lockstep heuristic tile's sums within fp32 rounding."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
     from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
@@ -91,5 +116,7 @@ def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
         out = run(emb, indices, offsets, None, (4, 8, 128, 4, 1, 0, 3))
         assert torch.equal(out, run(emb, indices, offsets, None, (16, 1, 128, 1, 1, 0)))
         assert torch.equal(out, run(emb, indices, offsets, None, (1, 8, 128, 1, 1, 0, 3)))
+        assert torch.equal(out, run(emb, indices, offsets, None, (1, 8, 128, 1, 1, 0, 4), direct=True))  # lean, FULL
+        assert torch.equal(out, run(emb, indices, offsets, None, (1, 32, 128, 1, 1, 0, 4)))  # lean
         torch.testing.assert_close(out, run(emb, indices, offsets, None, (16, 2, 128, 1, 1, 1)), rtol=1e-5,
                                    atol=1e-4)  # fmt: skip

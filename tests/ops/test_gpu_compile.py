@@ -69,9 +69,10 @@ def test_forward_heuristic_does_not_spill_16_bit_rows(compiled):
 def test_warp_forward_stays_in_registers(compiled):
     """The warp-a-bag forward (``ops.forward_warp``, the heuristic's tile for bags of 128-column
     rows averaging 24-48 ids in fp32, 16-48 in fp16) holds each id on one lane: at most 128
-    registers a thread (ptxas sm_90: 60-64, against the lockstep tile's 255 with 112 bytes of
-    spills), no spills without per-sample weights (fp16 with them: 56 bytes), and each lane
-    reads its 4 columns of a row in one load (16 bytes fp32, 8 bytes fp16)."""
+    registers a thread (ptxas sm_90: 60-72, against the lockstep tile's 255 with 112 bytes of
+    spills), no spills without per-sample weights (fp16 with them: 8-64 bytes), and each lane
+    reads its 4 columns of a row in one load (16 bytes fp32, 8 bytes fp16); FLAT 4's lean
+    rows included."""
     warp = [r for r in compiled if r["kernel"] == "_warp_pooled_forward_kernel"]
     assert {r["weights"] for r in warp} == {"*fp32", "*fp16"}, warp
     width = {"*fp32": "ld.global.v4.b32", "*fp16": "ld.global.v2.b32"}

@@ -161,8 +161,15 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))
         first = tuple(siblings) + tuple(c for c in (*ahead, *first) if c not in siblings)
         results = []
+        def work_items(config):
+            """As the module launches: one class whose rows fit one column block gets a program
+            column per feature (None: direct; FLAT 4 then loads whole rows when every D is the block)."""
+            if features is None and max(dims) <= config[2]:
+                return None
+            return _work_items(emb.feature_dims, config[2], emb.device, features)
+
         for cand in itertools.islice(candidates(longest, max(class_dims), elem, first), budget):
-            work = _work_items(emb.feature_dims, cand[2], emb.device, features)
+            work = work_items(cand)
 
             def run(cand=cand, work=work):
                 forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, None,
@@ -177,7 +184,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
                 continue
             results.append({"config": cand, "ms": ms, "ok": ok})
         heuristic = siblings[0]
-        h_work = _work_items(emb.feature_dims, heuristic[2], emb.device, features)
+        h_work = work_items(heuristic)
         h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
                                             None, emb.bounds_check_status, 0, 1, emb._align, heuristic))
         results.sort(key=lambda r: r["ms"])

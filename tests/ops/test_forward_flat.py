@@ -69,8 +69,8 @@ def test_repaired_offsets_sum_bag_by_bag(pooling):
 def test_an_unknown_flat_value_raises_naming_it():
     emb = build()
     indices, offsets = make_bags(rows_of(emb), B=2, max_len=3, seed=1)
-    with pytest.raises(ValueError, match="seventh value \\(FLAT\\) must be 0, 1, 2 or 3, got 4"):
-        run(emb, indices, offsets, None, (4, 4, 16, 1, 1, 1, 4))
+    with pytest.raises(ValueError, match="seventh value \\(FLAT\\) must be 0, 1, 2, 3 or 4, got 5"):
+        run(emb, indices, offsets, None, (4, 4, 16, 1, 1, 1, 5))
 
 
 @pytest.mark.gpu

@@ -239,7 +239,7 @@ L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 # (uniform 0.660 -> 0.640, Zipf 1.15 0.242 -> 0.263; ctr-mix's 128/256-column class, mean
 # ~10, 0.770 -> 0.793), so fp32 bags up to 24 ids stay in lockstep. fp16 at L=20: (8, 1)
 # 0.399 -> 0.349 with (1, 32). bf16 unmeasured: its own tile.
-WARP_TILES = {4: (24, (1, 8, 128, 1, 1, 0, 3)), 2: (16, (1, 32, 128, 1, 1, 0, 3))}
+WARP_TILES = {4: (24, (1, 8, 128, 1, 1, 0, 3)), 2: (16, (1, 32, 128, 1, 1, 0, 3))}  # FLAT 4: untimed
 
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False, warp: bool = True):

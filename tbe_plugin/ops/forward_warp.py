@@ -44,15 +44,14 @@ def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset
 
 
 @triton.jit
-def _lean_row(weights_ptr, ids, w_round, j, base, vectors, cols, mask, WEIGHTED: tl.constexpr, ALIGN: tl.constexpr,
-              FULL: tl.constexpr):  # fmt: skip
+def _lean_row(weights_ptr, ids, w_round, j, base, vectors, cols, mask, WEIGHTED: tl.constexpr, ALIGN: tl.constexpr):
     """Row j of a round (an id a lane) in fp32, [1, BLOCK_D]: its start a 32 x 32 -> 64-bit
     unsigned multiply (ids are rows of their table, below 2**31); ``mask`` None loads it
     whole (FULL: every column block is a whole row)."""
     which = tl.full((1, 1), 0, tl.int32) + j
     row = tl.gather(ids, which, axis=1)  # [1, 1]: row j's id, from the lane holding it
     row_start = (base + (row.to(tl.uint32).to(tl.uint64) * vectors).to(tl.int64)) * ALIGN
-    if FULL and mask is None:
+    if mask is None:
         vals = tl.load(weights_ptr + row_start + cols[None, :]).to(tl.float32)
     else:
         vals = tl.load(weights_ptr + row_start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -75,11 +74,11 @@ def _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols,
     for j0 in range(0, n_full, UNROLL):
         for u in tl.static_range(UNROLL):
             acc += _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols, None if FULL else col_mask[None, :],
-                             WEIGHTED, ALIGN, FULL)  # fmt: skip
+                             WEIGHTED, ALIGN)  # fmt: skip
     for j0 in range(n_full, n_rows, UNROLL):  # the last group, part in the bag
         for u in tl.static_range(UNROLL):
             acc += _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols,
-                             ((j0 + u) < n_rows) & col_mask[None, :], WEIGHTED, ALIGN, FULL)  # fmt: skip
+                             ((j0 + u) < n_rows) & col_mask[None, :], WEIGHTED, ALIGN)  # fmt: skip
     return acc
 
 

@@ -160,7 +160,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
             siblings[1] = (bags, block_l, block_d, warps, 3, 0, *flat)
         ahead = tuple(c for c in extra if c[2] <= triton.next_power_of_2(max(class_dims)))
         first = tuple(siblings) + tuple(c for c in (*ahead, *first) if c not in siblings)
-        results = []
+
         def work_items(config):
             """As the module launches: one class whose rows fit one column block gets a program
             column per feature (None: direct; FLAT 4 then loads whole rows when every D is the block)."""
@@ -168,6 +168,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
                 return None
             return _work_items(emb.feature_dims, config[2], emb.device, features)
 
+        results = []
         for cand in itertools.islice(candidates(longest, max(class_dims), elem, first), budget):
             work = work_items(cand)
 

@@ -232,14 +232,22 @@ def pooled_tile(dim: int, wide: bool = False) -> int:
 # (160 registers against 224; the only such launch swept).
 L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 
-# Bags of 7-48 ids of 128-column rows where a warp a bag (``forward_warp``, FLAT 3) beats the
-# lockstep tile, by (bytes a weight): (mean ids a bag above which, tile). H200 at c79563e
-# (``tune_forward``, ms, per class): fp32, the end-to-end tables (ctr-dlrm, Poisson(1-60) bags,
-# mean ~31) 0.703 -> 0.633 with (1, 8); at L=20 the two were near even and Zipf ids lost
-# (uniform 0.660 -> 0.640, Zipf 1.15 0.242 -> 0.263; ctr-mix's 128/256-column class, mean
-# ~10, 0.770 -> 0.793), so fp32 bags up to 24 ids stay in lockstep. fp16 at L=20: (8, 1)
-# 0.399 -> 0.349 with (1, 32). bf16 unmeasured: its own tile.
-WARP_TILES = {4: (24, (1, 8, 128, 1, 1, 0, 3)), 2: (16, (1, 32, 128, 1, 1, 0, 3))}  # FLAT 4: untimed
+# 128-column rows where a warp a bag (``forward_warp``) beats the lockstep tile, by (bytes a
+# weight): (mean ids a bag above which, tile). FLAT 4 (lean rows, a bag a program), H200 at
+# 564485e/e45ba40 (``tune_forward``, ms, lockstep or FLAT 3 -> FLAT 4 (1, 8)): fp32 ctr-dlrm
+# (Poisson(1-60), mean 31) 0.619 -> 0.536, ctr-mix's 128/256-column class (batch mean 13.7,
+# Zipf 1.0-1.3) 0.760 -> 0.725, L=20 uniform 0.676 -> 0.650, L=20 Zipf 1.15 0.245 -> 0.232;
+# L=10 Zipf 1.15 lost (0.154 -> 0.181) and L=10 uniform was near even (0.359 -> 0.352), so
+# bags of up to 12 ids stay in lockstep. fp16: ctr-mix-fp16's class 0.803 -> 0.708, L=20
+# 0.350 (FLAT 3 (1, 32)) -> 0.352, L=10 0.227 -> 0.229. (1, 32) instead of (1, 8) lost on
+# the skewed Poisson classes (ctr-dlrm 0.631, ctr-mix-fp16 0.913). bf16 unmeasured: its own
+# tile. Bags of more than 48 ids: ``LONG_WARP_TILE``.
+WARP_TILES = {4: (12, (1, 8, 128, 1, 1, 0, 4)), 2: (12, (1, 8, 128, 1, 1, 0, 4))}
+
+# Bags of more than 48 ids of 128-column rows: FLAT 4 with 32 rows in flight a warp. H200 at
+# 564485e/e45ba40 (``tune_forward``, ms): long-bags (fp16, Poisson(100-200), Zipf 1.1)
+# 0.649 -> 0.488; L=100 uniform fp32 3.020 -> 3.021 (every tile there within 1% of 2.99).
+LONG_WARP_TILE = (1, 32, 128, 1, 1, 0, 4)
 
 
 def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: bool = False, warp: bool = True):
@@ -262,9 +270,9 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     of 128-column blocks and fp32 rows of 64 in bags of 7-48 ids: ``L20_TILES``. No config
     picks the flat-range kernel (``forward_flat``): on skewed ids it ran 1.6-3.8x slower
     than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``). 128-column
-    rows in bags averaging more than ``WARP_TILES``' threshold (fp32 24 ids, fp16 16) take
-    a warp a bag (``forward_warp``; the seventh value 3) unless ``warp`` is False (tables that
-    may hold 2**31 rows: ``module_launch_config``).
+    rows in bags averaging more than ``WARP_TILES``' threshold (12 ids) take a warp a bag
+    (``forward_warp``; the seventh value 4), ``LONG_WARP_TILE`` above 48, unless ``warp`` is
+    False (tables that may hold 2**31 rows: ``module_launch_config``) or the rows are bf16.
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -275,13 +283,14 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
         return 16, 2, block_d, 1, 3, 0
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
+    lean = warp and block_d == 128 and elem_size in WARP_TILES and not bf16
     if avg_len <= 48:
-        if warp and block_d == 128 and elem_size in WARP_TILES and not bf16 and avg_len > WARP_TILES[elem_size][0]:
+        if lean and avg_len > WARP_TILES[elem_size][0]:
             return WARP_TILES[elem_size][1]
         if (elem_size, block_d) in L20_TILES:
             return L20_TILES[elem_size, block_d]
         return (16, 2, block_d, 1, 3, 0) if bf16 else (16, 2, block_d, 1, 1, 1)
-    return 1, 32, block_d, 1, 3, 0
+    return LONG_WARP_TILE if lean else (1, 32, block_d, 1, 3, 0)
 
 
 def module_launch_config(avg_len: float, tile: int, weights: torch.Tensor, dims: Sequence[int]):

@@ -1,6 +1,6 @@
 """A pooled forward with a warp per bag and each id held by one lane (``FLAT`` 3 in a launch
-config: the heuristic's tile for 128-column rows in bags of 24-48 ids, ``embedding_forward.
-WARP_TILES``; ``FLAT`` 4: the same with ``_lean_rows``, one bag a program, not yet timed).
+config; ``FLAT`` 4: the same with ``_lean_rows``, one bag a program, the heuristic's tile for
+non-bf16 128-column rows in bags of more than 12 ids: ``embedding_forward.WARP_TILES``).
 
 The lockstep kernel (``embedding_forward._pooled_forward_kernel``) reads a [BLOCK_L, BAGS,
 BLOCK_D] tile of rows a step; Triton lays its threads along the columns, so every thread

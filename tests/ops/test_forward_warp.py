@@ -91,11 +91,14 @@ def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
     from tbe_plugin.ops.embedding_forward import module_launch_config
 
     small = torch.zeros(1).expand(2**20 * 128)
-    assert module_launch_config(30.0, 128, small, [128, 128])[6:] == (3,)
+    assert module_launch_config(30.0, 128, small, [128, 128])[6:] == (4,)
     huge = torch.zeros(1).expand(2**31 * 128)
     assert module_launch_config(30.0, 128, huge, [128, 128]) == (16, 2, 128, 1, 1, 1)
-    assert module_launch_config(30.0, 128, small, [1, 128])[6:] == (3,)  # 2**27 rows at most
+    assert module_launch_config(30.0, 128, small, [1, 128])[6:] == (4,)  # 2**27 rows at most
     assert module_launch_config(10.0, 128, huge, [128]) == (16, 2, 128, 1, 1, 1)  # lockstep anyway
+    assert module_launch_config(10.0, 128, small, [128]) == (16, 2, 128, 1, 1, 1)  # short bags: lockstep
+    assert module_launch_config(100.0, 128, small, [128])[6:] == (4,)
+    assert module_launch_config(100.0, 128, huge, [128]) == (1, 32, 128, 1, 3, 0)  # long bags' lockstep tile
     half = torch.zeros(1, dtype=torch.float16).expand(2**31 * 128)
     assert module_launch_config(30.0, 128, half, [128]) == (8, 1, 128, 1, 1, 1)  # fp16's own lockstep tile
 

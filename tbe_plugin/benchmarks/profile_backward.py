@@ -89,6 +89,12 @@ CANDIDATES = {
     "graphs_nofill": _launch(graph_fill=False),
     # The rows sorted by ops.radix_sort (only their bits, the bag carried) instead of torch.sort.
     "radix": _launch(radix_sort=True),
+    # Each round's operands loaded a piece a lane, 32 pieces a round, summed RUNS at a time
+    # (RunsLaunch.piece_lanes): ptxas sm_90 at D=128 93 registers against 64-66, so 16
+    # two-warp programs no longer fit a multiprocessor (10 do: 10 x 64 x 93 < 65536).
+    "lanes32": _launch(piece_lanes=32),
+    "lanes32_p10": _launch(piece_lanes=32, piece_programs_per_sm=10),
+    "lanes64_p10": _launch(piece_lanes=64, piece_programs_per_sm=10),
 }
 
 

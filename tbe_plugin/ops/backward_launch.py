@@ -58,6 +58,8 @@ class ClassLaunch:
     at once) take 2048 elements a warp."""
     piece_runs: int = 1
     """Pieces a pieces-kernel program sums side by side (lanes of its tile)."""
+    piece_lanes: int = 0
+    """Pieces a round whose operands a pieces program loads one a lane (0: RUNS, no lanes)."""
     piece_warps: int = 2
     """Warps of a pieces-kernel program."""
     tree_warps: int = 2
@@ -174,6 +176,11 @@ class RunsLaunch:
     it (row, flags, row start, D, first gradient row), so that a round of pieces waits on
     one round of contiguous loads before its gathers instead of two (the piece list, then
     the ids and their neighbours); ~33 more bytes a piece."""
+    piece_lanes: int = 0
+    """``pieces``: 0, or pieces a round of a pieces program (a power of two, 2 to 128, raised
+    to RUNS where smaller) whose operands are loaded one piece a lane and then summed RUNS at
+    a time (``_pieces_kernel``'s LANES): one round of dependent operand loads for the whole
+    round instead of one for every RUNS pieces. Not timed yet (CPU-tested bitwise)."""
     piece_order: bool = False
     """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:
@@ -238,6 +245,9 @@ class RunsLaunch:
                              "gradient's address); with graph_grad_in_place=False set graph_fill=False too")
         if self.graph_max_ids < 0:
             raise ValueError(f"RunsLaunch.graph_max_ids must be >= 0, got {self.graph_max_ids}")
+        lanes = self.piece_lanes
+        if lanes and (lanes > 128 or lanes < 2 or not _power_of_two(lanes)):
+            raise ValueError(f"RunsLaunch.piece_lanes must be 0 or a power of two from 2 to 128, got {lanes}")
         if self.piece_programs_per_sm < 0:
             raise ValueError(f"RunsLaunch.piece_programs_per_sm must be >= 0, got {self.piece_programs_per_sm}")
         for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_unroll", "wide_piece_unroll"):
@@ -271,7 +281,8 @@ class RunsLaunch:
         unroll = self.wide_piece_unroll if block_d >= 512 else self.piece_unroll
         return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps,
                            piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps,
-                           piece_unroll=unroll)  # fmt: skip
+                           piece_unroll=unroll,
+                           piece_lanes=max(self.piece_lanes, runs) if self.piece_lanes else 0)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)

@@ -228,7 +228,7 @@ def _pieces_kernel(
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
-    GRAD_CELL: tl.constexpr,
+    GRAD_CELL: tl.constexpr, LANES: tl.constexpr = 0,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL a step, a step's
@@ -237,7 +237,12 @@ def _pieces_kernel(
     its sum as a partial of its cell. (Loading whole rounds of pieces ahead as well was
     slower everywhere: its carried operands took 113-146 registers a thread against 60,
     H200 at aabad7f, results/NOTES_2026-12-02.md part 6.) GRAD_CELL: the output gradient
-    is read at the address in ``grad_cell_ptr`` (``_grad_pointer``), ``grad_ptr`` giving its type."""
+    is read at the address in ``grad_cell_ptr`` (``_grad_pointer``), ``grad_ptr`` giving its type.
+    LANES (``RunsLaunch.piece_lanes``; 0: off): a round is LANES pieces whose operands are
+    loaded one piece a lane (one round of dependent loads for LANES pieces, held in one
+    register each a thread), then summed RUNS at a time, each group's operands taken from
+    the lanes that hold them (``tl.gather``): a group of one-id pieces then waits on one
+    round trip to memory (its rows, state and gradients) instead of three."""
     grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
@@ -246,39 +251,72 @@ def _pieces_kernel(
     lists = (piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
              sorted_scale_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr,
              piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr)  # fmt: skip
-    for base in tl.range(first + tl.program_id(0) * RUNS, last, tl.num_programs(0) * RUNS, num_stages=1):
-        start, length, flags, row, dim, w_start, g_first, s_first = _piece_operands(
-            *lists, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS
-        )
-        live = length > 0
-        head = (flags & 1) != 0
-        whole = live & ((flags & 2) != 0)
-        ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, 1, SCALED, UNROLL)
-        row_mask = live[:, None] & (cols[None, :] < dim[:, None])
-        w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
-        w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,
-                                   OPTIMIZER)  # fmt: skip
-        total = tl.zeros([RUNS, BLOCK_D], dtype=tl.float32)
-        total += _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN)
-        # Ids 1.. of the pieces, UNROLL a step: the step's gathers issued together with the
-        # loads of the next step's gradient-row starts, then summed in id order.
-        for k0 in tl.range(1, tl.max(length, axis=0), UNROLL, num_stages=1):
-            step_g, step_s = ahead_g, ahead_s
-            ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, k0 + UNROLL,
-                                             SCALED, UNROLL)  # fmt: skip
-            for u in tl.static_range(UNROLL):
-                total += _gather_gradients(grad_ptr, step_g[u], step_s[u], (k0 + u) < length, cols, dim, SCALED,
-                                           ALIGN)  # fmt: skip
-        _update_row_state_and_weights(
-            total, w, m1, m2, whole, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
-            step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-            BARRIER,
-        )  # fmt: skip
-        partial = live & ~whole
-        slot = start // PIECE + tl.where(head, head_slots, 0)
-        tl.store(cell_sums_ptr + slot[:, None] * slot_stride + cols[None, :], total, mask=partial[:, None])
-        if BARRIER:
-            tl.debug_barrier()  # the next round's loads of row-wise state after this round's stores
+    if LANES == 0:
+        for base in tl.range(first + tl.program_id(0) * RUNS, last, tl.num_programs(0) * RUNS, num_stages=1):
+            start, length, flags, row, dim, w_start, g_first, s_first = _piece_operands(
+                *lists, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS
+            )
+            _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
+                         cell_sums_ptr, head_slots, slot_stride, step_ptr, hyper_ptr, start, length, flags, row, dim,
+                         w_start, g_first, s_first, cols, SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+                         ALIGN, PIECE, RUNS, BLOCK_D, UNROLL, BARRIER)  # fmt: skip
+    else:
+        lanes = tl.arange(0, LANES)
+        for base in tl.range(first + tl.program_id(0) * LANES, last, tl.num_programs(0) * LANES, num_stages=1):
+            starts, lengths, flag_lanes, rows, dims, w_starts, g_firsts, s_firsts = _piece_operands(
+                *lists, base + lanes, last, num_indices, SCALED, ALIGN, RECORDS, STOPS
+            )
+            for group in tl.range(0, tl.cdiv(tl.minimum(last - base, LANES), RUNS), num_stages=1):
+                at = group * RUNS + lane  # the group's pieces: lanes of the round
+                _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr, momentum1_ptr,
+                             momentum2_ptr, cell_sums_ptr, head_slots, slot_stride, step_ptr, hyper_ptr,
+                             tl.gather(starts, at, 0), tl.gather(lengths, at, 0), tl.gather(flag_lanes, at, 0),
+                             tl.gather(rows, at, 0), tl.gather(dims, at, 0), tl.gather(w_starts, at, 0),
+                             tl.gather(g_firsts, at, 0), tl.gather(s_firsts, at, 0), cols, SCALED, OPTIMIZER,
+                             WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN, PIECE, RUNS, BLOCK_D, UNROLL,
+                             BARRIER)  # fmt: skip
+
+
+@triton.jit
+def _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
+                 cell_sums_ptr, head_slots, slot_stride, step_ptr, hyper_ptr, start, length, flags, row, dim, w_start,
+                 g_first, s_first, cols, SCALED: tl.constexpr, OPTIMIZER: tl.constexpr,
+                 WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, ALIGN: tl.constexpr,
+                 PIECE: tl.constexpr, RUNS: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
+                 BARRIER: tl.constexpr):  # fmt: skip
+    """A group of pieces side by side ([RUNS] operands, ``_piece_operands``): each one's
+    gradient rows summed in id order (the first id, then UNROLL a step, a step's gathers
+    issued together with the loads of the next step's gradient-row starts); a whole run
+    updated, a piece of a multi run stored as a partial of its cell."""
+    live = length > 0
+    head = (flags & 1) != 0
+    whole = live & ((flags & 2) != 0)
+    ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, 1, SCALED, UNROLL)
+    row_mask = live[:, None] & (cols[None, :] < dim[:, None])
+    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+    w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,
+                               OPTIMIZER)  # fmt: skip
+    total = tl.zeros([RUNS, BLOCK_D], dtype=tl.float32)
+    total += _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN)
+    # Ids 1.. of the pieces, UNROLL a step: the step's gathers issued together with the
+    # loads of the next step's gradient-row starts, then summed in id order.
+    for k0 in tl.range(1, tl.max(length, axis=0), UNROLL, num_stages=1):
+        step_g, step_s = ahead_g, ahead_s
+        ahead_g, ahead_s = _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, k0 + UNROLL,
+                                         SCALED, UNROLL)  # fmt: skip
+        for u in tl.static_range(UNROLL):
+            total += _gather_gradients(grad_ptr, step_g[u], step_s[u], (k0 + u) < length, cols, dim, SCALED,
+                                       ALIGN)  # fmt: skip
+    _update_row_state_and_weights(
+        total, w, m1, m2, whole, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
+        step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        BARRIER,
+    )  # fmt: skip
+    partial = live & ~whole
+    slot = start // PIECE + tl.where(head, head_slots, 0)
+    tl.store(cell_sums_ptr + slot[:, None] * slot_stride + cols[None, :], total, mask=partial[:, None])
+    if BARRIER:
+        tl.debug_barrier()  # the next group's loads of row-wise state after this group's stores
 
 
 @triton.jit

@@ -561,7 +561,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     _, sorted_w_start, sorted_dim, _, _ = sorted_operands
     for klass, sizes in enumerate(per_class):
         most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
-        pieces_grid = cdiv(most_pieces, sizes.piece_runs)
+        pieces_grid = cdiv(most_pieces, sizes.piece_lanes or sizes.piece_runs)
         if launch.piece_programs_per_sm:
             pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
         _pieces_kernel[(pieces_grid,)](
@@ -569,7 +569,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
             SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
             BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, GRAD_CELL=grad_cell is not None,
-            num_warps=sizes.piece_warps,
+            LANES=sizes.piece_lanes, num_warps=sizes.piece_warps,
             **modes,
         )  # fmt: skip
         if N <= piece:

@@ -151,12 +151,12 @@ def variants():
     for weights, elem in (("*fp32", 4), ("*fp16", 2), ("*bf16", 2)):
         align = vector_alignment([128, 512], elem)
         # The heuristic's classes at D=128, and wide rows (their own tile for 2-byte rows only).
-        for avg_len, max_dim in ((1, 128), (4, 128), (20, 128), (30, 128), (20, 64), (100, 128), (20, 512)):
+        for avg_len, max_dim in ((1, 128), (4, 128), (10, 128), (20, 128), (30, 128), (20, 64), (100, 128), (20, 512)):
             bags, block_l, block_d, warps, stages, prefetch, *flat = forward.pooled_launch_config(
                 avg_len, max_dim, elem, weights == "*bf16")
             if max_dim > 128 and block_d != forward.WIDE_TILE:
                 continue  # 4-byte rows: the 128-column tile, compiled above
-            if flat and flat[0] == 3:  # a warp a bag (ops.forward_warp); FLAT 4's lean rows, FULL or not
+            if flat and flat[0] in (3, 4):  # a warp a bag (ops.forward_warp): FLAT 3's rows and FLAT 4's lean ones
                 for mean, weighted, lean, full in ((False, False, False, False), (True, False, False, False),
                                                    (True, True, False, False), (False, False, True, True),
                                                    (False, False, True, False), (True, True, True, True)):  # fmt: skip
@@ -268,12 +268,14 @@ def pieces_variants():
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
                                       BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False)  # fmt: skip
+                                      GRAD_CELL=False, LANES=0)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
                     if (weights, optimizer) == PIECES_UPDATES[0]:  # the records, ordered and in-place candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, GRAD_CELL=True), sizes.piece_warps, weights, "*i32"
+                        if block_d >= 128:  # operands a piece a lane (piece_lanes; at 16, RUNS is 16 already)
+                            yield kernel, dict(constexprs, LANES=32), sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
@@ -289,7 +291,7 @@ def pieces_variants():
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
                                       UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False), \
+                                      GRAD_CELL=False, LANES=0), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 

@@ -19,15 +19,18 @@ PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, 
                     piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
 
 
-@pytest.mark.parametrize("records, order", [(False, False), (True, False), (True, True)],
-                         ids=["plain", "records", "ordered"])  # fmt: skip
-def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order):
+@pytest.mark.parametrize("records, order, lanes", [(False, False, 0), (True, False, 0), (True, True, 0),
+                                                   (False, False, 64), (True, True, 128)],
+                         ids=["plain", "records", "ordered", "lanes", "ordered-lanes"])  # fmt: skip
+def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order, lanes):
     """One row in most lookups (its run crosses many cells, groups and supergroups),
     the others' runs shorter, longer and exactly as long as a cell, starting anywhere;
-    with and without the per-piece records, and visited by gradient row (4 looping
-    programs: many rounds each, pieces longer than several steps of UNROLL ids)."""
+    with and without the per-piece records, visited by gradient row, and with each round's
+    operands loaded a piece a lane (``piece_lanes``: 64 or 128 pieces a round, summed 16
+    at a time at D <= 16; 4 looping programs: many rounds each, pieces longer than several
+    steps of UNROLL ids)."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order)
+    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order, piece_lanes=lanes)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
 
 
@@ -82,15 +85,19 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-@pytest.mark.parametrize("second", ["same", "records", "ordered"])
+@pytest.mark.parametrize("second", ["same", "records", "ordered", "lanes", "lanes-looping"])
 def test_pieces_deterministic_with_inexact_sums(second):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
     bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
-    records (``piece_records``: the same operands, read from the records), and one that
+    records (``piece_records``: the same operands, read from the records), one that
     visits the pieces in the order of their gradient rows (``piece_order``: an order the
-    atomics choose, on which no sum depends)."""
+    atomics choose, on which no sum depends), and runs whose rounds load their pieces'
+    operands a piece a lane (``piece_lanes``: the same pieces summed in the same order,
+    grouped otherwise; a program per round, or one looping program)."""
     results = []
-    second_launch = dataclasses.replace(PIECES, piece_records=second != "same", piece_order=second == "ordered")
+    second_launch = dataclasses.replace(PIECES, piece_records=second in ("records", "ordered"),
+                                        piece_order=second == "ordered", piece_lanes=32 if "lanes" in second else 0,
+                                        piece_programs_per_sm=0 if second == "lanes" else 1)  # fmt: skip
     for launch in (PIECES, second_launch):
         emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
         emb.backward_launch = launch
@@ -185,7 +192,8 @@ def test_piece_marks_list_pieces_and_multi_runs():
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
 def test_pieces_design_on_cuda(optimizer):
     """Zipf(1.15) ids over tables of tiles 16, 128 and 512 (B=16384): two runs of the pieces
-    design agree bit for bit, and with the chunk design up to the order of fp32 sums."""
+    design agree bit for bit, and with ``piece_lanes``, and with the chunk design up to the
+    order of fp32 sums."""
     rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
     torch.manual_seed(0)
     ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
@@ -193,7 +201,7 @@ def test_pieces_design_on_cuda(optimizer):
     offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
     grad = torch.rand(B, sum(dims), device="cuda") - 0.5
     modules = []
-    for launch in (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), None):
+    for launch in (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), RunsLaunch(piece_lanes=32), None):
         emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
                                               device="cuda")  # fmt: skip
         with torch.no_grad():
@@ -203,7 +211,8 @@ def test_pieces_design_on_cuda(optimizer):
         emb(indices, offsets).backward(grad)
         modules.append(emb)
     assert_bitwise_equal(modules[0], modules[1])
-    torch.testing.assert_close(modules[0].weights, modules[2].weights, atol=1e-5, rtol=1e-5)
+    assert_bitwise_equal(modules[0], modules[2])  # operands a piece a lane: the same sums in the same order
+    torch.testing.assert_close(modules[0].weights, modules[3].weights, atol=1e-5, rtol=1e-5)
 
 
 def test_pieces_int64_row_keys(monkeypatch):

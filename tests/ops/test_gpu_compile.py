@@ -67,8 +67,8 @@ def test_forward_heuristic_does_not_spill_16_bit_rows(compiled):
 
 
 def test_warp_forward_stays_in_registers(compiled):
-    """The warp-a-bag forward (``ops.forward_warp``, the heuristic's tile for bags of 128-column
-    rows averaging 24-48 ids in fp32, 16-48 in fp16) holds each id on one lane: at most 128
+    """The warp-a-bag forward (``ops.forward_warp``, FLAT 4 the heuristic's tile for bags of
+    128-column rows averaging more than 12 ids, fp32 and fp16) holds each id on one lane: at most 128
     registers a thread (ptxas sm_90: 60-72, against the lockstep tile's 255 with 112 bytes of
     spills), no spills without per-sample weights (fp16 with them: 8-64 bytes), and each lane
     reads its 4 columns of a row in one load (16 bytes fp32, 8 bytes fp16); FLAT 4's lean

@@ -95,6 +95,13 @@ CANDIDATES = {
     "lanes32": _launch(piece_lanes=32),
     "lanes32_p10": _launch(piece_lanes=32, piece_programs_per_sm=10),
     "lanes64_p10": _launch(piece_lanes=64, piece_programs_per_sm=10),
+    # Grids cut to the programs that fit a multiprocessor (RunsLaunch.piece_fit; learned at the
+    # warm-up's first launch): fp16 at D=128 (66 registers) 14 of 16, D=512 5; and 8 gathers a
+    # step (72 registers at D=128 fp32: 14 fit; at 16 a program it lost, b65536 31.1 ms
+    # against 18.7 at c56e317, a second wave of 2 programs a multiprocessor).
+    "fit": _launch(piece_fit=True),
+    "unroll8_fit": _launch(piece_unroll=8, piece_fit=True),
+    "lanes32_fit": _launch(piece_lanes=32, piece_fit=True),
 }
 
 

@@ -266,6 +266,28 @@ def _multiprocessors(device: torch.device) -> int:
     return _MULTIPROCESSORS[key]
 
 
+def resident_programs(n_regs: int, warps: int, regs_per_sm: int = 65536, warps_per_sm: int = 64) -> int:
+    """Programs of ``warps`` warps at ``n_regs`` registers a thread that one multiprocessor
+    holds at once: registers are allocated 8 a thread at a time (256 a warp)."""
+    per_program = -(-n_regs // 8) * 8 * 32 * warps
+    return max(1, min(regs_per_sm // per_program, warps_per_sm // warps))
+
+
+# ``RunsLaunch.piece_fit``: resident pieces programs a multiprocessor, by compiled variant.
+_RESIDENT: dict = {}
+
+
+def _record_resident(key, compiled, device: torch.device, warps: int) -> None:
+    """Remembers how many programs of a just-launched pieces kernel fit a multiprocessor
+    (``compiled.n_regs``; nothing under the interpreter, whose launches return no kernel)."""
+    n_regs = getattr(compiled, "n_regs", None)
+    if device.type == "cuda" and n_regs:
+        props = torch.cuda.get_device_properties(device)
+        warps_per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // 32
+        _RESIDENT[key] = resident_programs(n_regs, warps, getattr(props, "regs_per_multiprocessor", 65536),
+                                           warps_per_sm)  # fmt: skip
+
+
 def backward_update(
     grad_output: torch.Tensor,
     weights: torch.Tensor,
@@ -562,16 +584,23 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     for klass, sizes in enumerate(per_class):
         most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
         pieces_grid = cdiv(most_pieces, sizes.piece_lanes or sizes.piece_runs)
-        if launch.piece_programs_per_sm:
-            pieces_grid = min(pieces_grid, sms * launch.piece_programs_per_sm)
-        _pieces_kernel[(pieces_grid,)](
+        constexprs = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs,
+                          UNROLL=sizes.piece_unroll, BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records,
+                          STOPS=ordered, GRAD_CELL=grad_cell is not None, LANES=sizes.piece_lanes, **modes)  # fmt: skip
+        fit_key = (str(device), weights.dtype, sorted_rows.dtype, grad_output.dtype, sizes.piece_warps,
+                   tuple(sorted(constexprs.items())))  # fmt: skip
+        per_sm = launch.piece_programs_per_sm
+        if launch.piece_fit and per_sm and fit_key in _RESIDENT:
+            per_sm = min(per_sm, _RESIDENT[fit_key])
+        if per_sm:
+            pieces_grid = min(pieces_grid, sms * per_sm)
+        compiled = _pieces_kernel[(pieces_grid,)](
             grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
             stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
-            SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
-            BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records, STOPS=ordered, GRAD_CELL=grad_cell is not None,
-            LANES=sizes.piece_lanes, num_warps=sizes.piece_warps,
-            **modes,
+            num_warps=sizes.piece_warps, **constexprs,
         )  # fmt: skip
+        if launch.piece_fit and fit_key not in _RESIDENT:
+            _record_resident(fit_key, compiled, device, sizes.piece_warps)
         if N <= piece:
             continue  # no run crosses a grid point
         tree_grid = (sms * launch.loop_programs_per_sm,)

@@ -30,7 +30,8 @@ def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order, lan
     at a time at D <= 16; 4 looping programs: many rounds each, pieces longer than several
     steps of UNROLL ids)."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
-    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order, piece_lanes=lanes)
+    emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order, piece_lanes=lanes,
+                                              piece_fit=lanes > 0)  # (the interpreter's launches report no registers)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
 
 
@@ -192,8 +193,8 @@ def test_piece_marks_list_pieces_and_multi_runs():
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
 def test_pieces_design_on_cuda(optimizer):
     """Zipf(1.15) ids over tables of tiles 16, 128 and 512 (B=16384): two runs of the pieces
-    design agree bit for bit, and with ``piece_lanes``, and with the chunk design up to the
-    order of fp32 sums."""
+    design agree bit for bit, and with ``piece_lanes`` and ``piece_fit`` (grids cut to the
+    resident programs), and with the chunk design up to the order of fp32 sums."""
     rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
     torch.manual_seed(0)
     ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
@@ -201,7 +202,9 @@ def test_pieces_design_on_cuda(optimizer):
     offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
     grad = torch.rand(B, sum(dims), device="cuda") - 0.5
     modules = []
-    for launch in (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), RunsLaunch(piece_lanes=32), None):
+    fit = RunsLaunch(piece_fit=True)
+    launches = (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), RunsLaunch(piece_lanes=32), fit, fit, None)
+    for launch in launches:
         emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
                                               device="cuda")  # fmt: skip
         with torch.no_grad():
@@ -212,7 +215,14 @@ def test_pieces_design_on_cuda(optimizer):
         modules.append(emb)
     assert_bitwise_equal(modules[0], modules[1])
     assert_bitwise_equal(modules[0], modules[2])  # operands a piece a lane: the same sums in the same order
-    torch.testing.assert_close(modules[0].weights, modules[3].weights, atol=1e-5, rtol=1e-5)
+    # piece_fit: the first module's launches learn each variant's resident programs, the
+    # second's grids are cut to them; every piece is summed by one program either way.
+    from tbe_plugin.ops.embedding_backward import _RESIDENT
+
+    assert _RESIDENT and all(1 <= n <= 32 for n in _RESIDENT.values()), _RESIDENT
+    assert_bitwise_equal(modules[0], modules[3])
+    assert_bitwise_equal(modules[0], modules[4])
+    torch.testing.assert_close(modules[0].weights, modules[5].weights, atol=1e-5, rtol=1e-5)
 
 
 def test_pieces_int64_row_keys(monkeypatch):
@@ -224,6 +234,16 @@ def test_pieces_int64_row_keys(monkeypatch):
     emb = build("EXACT_ROWWISE_ADAGRAD", "MEAN", learning_rate=0.05)
     emb.backward_launch = PIECES
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.7, weighted=True, lr=0.05)
+
+
+def test_resident_programs_from_registers_and_warps():
+    """``piece_fit``'s count of programs that fit a multiprocessor at once (64k registers,
+    64 warps): registers are allocated 8 a thread at a time."""
+    from tbe_plugin.ops.embedding_backward import resident_programs
+
+    assert [resident_programs(r, 2) for r in (56, 64, 65, 66, 72, 93, 96)] == [18, 16, 14, 14, 14, 10, 10]
+    assert resident_programs(92, 4) == 5 and resident_programs(24, 1) == 64 and resident_programs(255, 16) == 1
+    assert resident_programs(64, 2, regs_per_sm=32768, warps_per_sm=48) == 8
 
 
 def test_wide_tiles_take_their_own_unroll():

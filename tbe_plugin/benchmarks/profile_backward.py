@@ -102,6 +102,13 @@ CANDIDATES = {
     "fit": _launch(piece_fit=True),
     "unroll8_fit": _launch(piece_unroll=8, piece_fit=True),
     "lanes32_fit": _launch(piece_lanes=32, piece_fit=True),
+    # One-warp programs, a piece a group at D=128: the lanes' operands reach the group by warp
+    # shuffles, not shared memory (ptxas sm_90, D=128 fp32 rowwise unscaled: 61 registers with
+    # lanes, 60 without, against 80 for two warps with lanes), 32 programs a multiprocessor.
+    "w1_p32": _launch(piece_elements=128, piece_warps=1, piece_programs_per_sm=32),
+    "lanes32_w1": _launch(piece_elements=128, piece_warps=1, piece_lanes=32, piece_programs_per_sm=32),
+    "lanes32_w1_fit": _launch(piece_elements=128, piece_warps=1, piece_lanes=32, piece_programs_per_sm=32,
+                              piece_fit=True),
 }
 
 

@@ -276,6 +276,8 @@ def pieces_variants():
                         yield kernel, dict(constexprs, GRAD_CELL=True), sizes.piece_warps, weights, "*i32"
                         if block_d >= 128:  # operands a piece a lane (piece_lanes; at 16, RUNS is 16 already)
                             yield kernel, dict(constexprs, LANES=32), sizes.piece_warps, weights, "*i32"
+                        if block_d == 128:  # ... on one-warp programs, a piece a group (profile_backward's lanes32_w1)
+                            yield kernel, dict(constexprs, LANES=32, RUNS=1, BARRIER=False), 1, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \

@@ -3,7 +3,7 @@
 ``python -m tbe_plugin.benchmarks.tune_forward --out DIR`` times every candidate
 (BAGS, BLOCK_L, BLOCK_D, num_warps) on a few representative shapes and writes
 DIR/tune_forward.json with the best candidate per shape beside what the current
-heuristic (``pooled_launch_config``) picks, and the commit, device and versions measured.
+heuristic (``module_launch_config``) picks, and the commit, device and versions measured.
 The results feed that heuristic by hand; nothing reads them at run time. Outputs are
 checked against the heuristic's output. Inputs come from ``tbe_plugin.workloads``: every
 bag L ids, ids uniform or truncated Zipf(1.15) with the hot rows scattered (``SHAPES``); or
@@ -24,7 +24,7 @@ import triton
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.benchmarks.common import collect_environment
-from tbe_plugin.ops.embedding_forward import (_work_items, forward_into, pooled_launch_config, pooled_tile_classes,
+from tbe_plugin.ops.embedding_forward import (_work_items, forward_into, module_launch_config, pooled_tile_classes,
                                               wide_rows)
 from tbe_plugin.benchmarks.suite import DEVICE_PRODUCTION
 from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
@@ -122,13 +122,14 @@ def shape_workload(spec, E) -> Workload:
     return Workload("tune", tables, B, weights_precision=precision)
 
 
-def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
+def tune_shape(name, workload: Workload, budget, per_class=False, extra=(), weighted=False):
     """The sweep of one shape: a list of one entry, or with ``per_class`` one per tile class
     of its features (``pooled_tile_classes``, from the batch's mean bag length as
     ``launch_forward`` computes it: the module launches once per class), each class's
     candidates sized for its rows and checked on its features' columns. ``extra``: configs
     timed right after the heuristic's (none wider than a class's rows). The module and the
-    batch are built once for all classes."""
+    batch are built once for all classes. ``weighted``: per-sample weights U(0, 1) on every id
+    (the heuristic then as the module picks it: ``module_launch_config``)."""
     B = workload.batch_size
     dims = [t.dim for t in workload.tables]
     emb = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in workload.tables],
@@ -136,13 +137,14 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
                                           bounds_check_mode="WARNING", device="cuda")  # fmt: skip
     emb.init_embedding_weights_uniform(-1, 1)
     indices, offsets, _ = generate_batch(workload, seed=0, device="cuda")
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(1)).cuda() if weighted else None
     avg_len = indices.numel() / (offsets.numel() - 1)
     L = max(1, round(avg_len))  # the mean bag length, as the heuristic sees it
     out = torch.empty(B, sum(dims), device="cuda")
     elem = emb.weights.element_size()
-    reference = emb(indices, offsets)
+    reference = emb(indices, offsets, psw)
     with torch.no_grad():  # the module's own forward: a launch per column tile of mixed D
-        module_ms = time_ms(lambda: emb(indices, offsets))
+        module_ms = time_ms(lambda: emb(indices, offsets, psw))
     starts = [sum(dims[:f]) for f in range(len(dims))]
     mixed_pooling = len({t.mean_pooling for t in workload.tables}) > 1
 
@@ -156,7 +158,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         max_dim = tile_class[0] if tile_class is not None else max(dims)
         first = production_first(max(class_dims), elem) if mixed_pooling else ()
         # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
-        heuristic = pooled_launch_config(L, max_dim, elem, workload.weights_precision == "bf16")
+        heuristic = module_launch_config(L, max_dim, emb.weights, class_dims, weighted)
         bags, block_l, block_d, warps, stages, prefetch, *flat = heuristic
         siblings = [tuple(heuristic), (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch, *flat)]
         if flat and flat[0] == 3:  # the warp kernel takes no PREFETCH: its sibling takes three stages
@@ -176,7 +178,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
             work = work_items(cand)
 
             def run(cand=cand, work=work):
-                forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, None,
+                forward_into(out, emb.weights, emb.feature_meta, work, indices, offsets, psw,
                              emb.bounds_check_status, 0, 1, emb._align, cand)  # fmt: skip
 
             try:
@@ -190,7 +192,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=()):
         heuristic = siblings[0]
         h_work = work_items(heuristic)
         h_ms = time_ms(lambda: forward_into(out, emb.weights, emb.feature_meta, h_work, indices, offsets,
-                                            None, emb.bounds_check_status, 0, 1, emb._align, heuristic))
+                                            psw, emb.bounds_check_status, 0, 1, emb._align, heuristic))
         results.sort(key=lambda r: r["ms"])
         row_bytes = _row_bytes(workload, offsets, elem, features)
         return {"shape": name, "tile_class": [max_dim, len(features)] if features is not None else None,
@@ -223,19 +225,20 @@ def main():
     parser.add_argument("--budget", type=int, default=400, help="max candidates per shape")
     parser.add_argument("--first", default="", help="configs timed first, after the heuristic's: "
                         "BAGS,BLOCK_L,BLOCK_D,WARPS,STAGES,PREFETCH;... (a BLOCK_D above a class's tile is skipped)")
+    parser.add_argument("--weighted", action="store_true", help="per-sample weights U(0, 1) on every id")
     parser.add_argument("--per-class", action="store_true",
                         help="sweep each tile class of a mixed-D shape on its own (the module's launches)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     report = {"environment": collect_environment(torch.device("cuda")), "rows": args.rows,
               "inputs": "tbe_plugin.workloads.generate_batch, seed 0: SHAPES fixed L and one Zipf alpha per shape; "
-                        "WORKLOADS their own tables", "shapes": []}  # fmt: skip
+                        "WORKLOADS their own tables", "weighted": args.weighted, "shapes": []}  # fmt: skip
     first = tuple(tuple(int(v) for v in c.split(",")) for c in args.first.split(";") if c)
     for name in args.shapes.split(","):
         if name not in SHAPES and name not in WORKLOADS:
             raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join([*SHAPES, *WORKLOADS])}")
         workload = WORKLOADS[name] if name in WORKLOADS else shape_workload(SHAPES[name], args.rows)
-        for entry in tune_shape(name, workload, args.budget, args.per_class, first):
+        for entry in tune_shape(name, workload, args.budget, args.per_class, first, args.weighted):
             best = entry["best"][0] if entry["best"] else None
             print(f"{name} {entry['class_dims']}: heuristic {entry['heuristic']} {entry['heuristic_ms']:.4f} ms "
                   f"(module {entry['module_ms']:.4f}); best {best}", flush=True)  # fmt: skip

@@ -55,8 +55,8 @@ def _lean_row(weights_ptr, ids, w_round, j, base, vectors, cols, mask, WEIGHTED:
         vals = tl.load(weights_ptr + row_start + cols[None, :]).to(tl.float32)
     else:
         vals = tl.load(weights_ptr + row_start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if WEIGHTED:
-        vals = vals * tl.gather(w_round, which, axis=1)
+    if WEIGHTED:  # the weight as a scalar: a [1, 1] operand moved each row through shared memory
+        vals = vals * tl.sum(tl.gather(w_round, which, axis=1))
     return vals
 
 

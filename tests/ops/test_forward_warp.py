@@ -109,7 +109,8 @@ def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
 def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
     """On CUDA, a production-shaped batch (Poisson bags of means 5-40, Zipf ids): the lockstep
     kernel's one-id-a-step bits (four bags a program at once, or one; FLAT 4's lean rows,
-    with and without FULL), and the lockstep heuristic tile's sums within fp32 rounding."""
+    with and without FULL, and with per-sample weights), and the lockstep heuristic tile's
+    sums within fp32 rounding."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
     from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
@@ -125,3 +126,7 @@ def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
         assert torch.equal(out, run(emb, indices, offsets, None, (1, 32, 128, 1, 1, 0, 4)))  # lean
         torch.testing.assert_close(out, run(emb, indices, offsets, None, (16, 2, 128, 1, 1, 1)), rtol=1e-5,
                                    atol=1e-4)  # fmt: skip
+        psw = torch.rand(indices.numel(), device="cuda")  # per-sample weights: FLAT 4 against one id a step
+        weighted = run(emb, indices, offsets, psw, (16, 1, 128, 1, 1, 0))
+        assert torch.equal(weighted, run(emb, indices, offsets, psw, (1, 8, 128, 1, 1, 0, 4), direct=True))
+        assert torch.equal(weighted, run(emb, indices, offsets, psw, (1, 8, 128, 1, 1, 0, 4)))

@@ -48,7 +48,7 @@ def record_statistics(num_tables: int = 100, batch_size: int = 512, batches: int
     import torch
     from torchrec import KeyedJaggedTensor
 
-    from tbe_plugin.benchmarks.report import git_state
+    from tbe_plugin.provenance import git_state
     from tbe_plugin.torchrec.stats import FeatureStatisticsCollector, TableInfo
     from tbe_plugin.workloads import ctr_mix, generate_batch
 
@@ -191,7 +191,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     import torch
 
-    from tbe_plugin.benchmarks.report import git_state
+    from tbe_plugin.provenance import git_state
 
     torch.set_num_threads(1)  # planning times are process time on one core
     state = git_state()

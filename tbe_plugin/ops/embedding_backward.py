@@ -587,11 +587,12 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
         constexprs = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs,
                           UNROLL=sizes.piece_unroll, BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records,
                           STOPS=ordered, GRAD_CELL=grad_cell is not None, LANES=sizes.piece_lanes, **modes)  # fmt: skip
-        fit_key = (str(device), weights.dtype, sorted_rows.dtype, grad_output.dtype, sizes.piece_warps,
-                   tuple(sorted(constexprs.items())))  # fmt: skip
-        per_sm = launch.piece_programs_per_sm
-        if launch.piece_fit and per_sm and fit_key in _RESIDENT:
-            per_sm = min(per_sm, _RESIDENT[fit_key])
+        per_sm, fit_key = launch.piece_programs_per_sm, None
+        if launch.piece_fit:  # (the key only then: small batches' backward is host-bound)
+            fit_key = (str(device), weights.dtype, sorted_rows.dtype, grad_output.dtype, sizes.piece_warps,
+                       tuple(sorted(constexprs.items())))  # fmt: skip
+            if per_sm and fit_key in _RESIDENT:
+                per_sm = min(per_sm, _RESIDENT[fit_key])
         if per_sm:
             pieces_grid = min(pieces_grid, sms * per_sm)
         compiled = _pieces_kernel[(pieces_grid,)](

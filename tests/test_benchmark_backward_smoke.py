@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -148,15 +147,29 @@ def test_time_alternating_passes_the_untimed_setup_result():
         assert seen[name] == [(name, 0), (name, 1), (name, 0), (name, 1), (name, 2)]
 
 
-def test_time_alternating_gives_short_calls_more_rounds_alike_for_every_provider():
-    calls = {"fast": lambda _i: None, "slow": lambda _i: time.sleep(0.002)}
+def test_time_alternating_gives_short_calls_more_rounds_alike_for_every_provider(monkeypatch):
+    """The rounds follow the slowest provider's warm-up call: on a clock that only the calls
+    move (a real sleep of 2 ms took 5 on a busy 2-core machine), exactly ceil(20 / 2) = 10."""
+    from tbe_plugin.benchmarks import common
+
+    class Clock:  # time.perf_counter and time.sleep, as common's timing sees them
+        now = 0.0
+
+        def perf_counter(self):
+            return self.now
+
+        def sleep(self, seconds):
+            self.now += seconds
+
+    clock = Clock()
+    monkeypatch.setattr(common, "time", clock)
+    calls = {"fast": lambda _i: None, "slow": lambda _i: clock.sleep(0.002)}
     cpu = torch.device("cpu")
     samples = time_alternating(calls, iters=3, warmup=1, device=cpu, min_ms=20.0, max_iters=30)
-    rounds = {name: len(s) for name, s in samples.items()}
-    # The slower provider's ~2 ms warm-up call sets the rounds: ceil(20 / 2.x) is 6 to 10.
-    assert rounds["fast"] == rounds["slow"] and 6 <= rounds["slow"] <= 10
+    assert {name: len(s) for name, s in samples.items()} == {"fast": 10, "slow": 10}
+    assert all(ms == pytest.approx(2.0) for ms in samples["slow"]) and samples["fast"] == [0.0] * 10
     capped = time_alternating(calls, iters=3, warmup=1, device=cpu, min_ms=1000.0, max_iters=12)
     assert {name: len(s) for name, s in capped.items()} == {"fast": 12, "slow": 12}
-    long_calls = {"a": lambda _i: time.sleep(0.01)}
+    long_calls = {"a": lambda _i: clock.sleep(0.01)}
     assert len(time_alternating(long_calls, iters=4, warmup=1, device=cpu, min_ms=20.0)["a"]) == 4
     assert len(time_alternating(calls, iters=3, warmup=0, device=cpu, min_ms=20.0)["slow"]) == 3  # no warm-up: iters

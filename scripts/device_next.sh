@@ -2,9 +2,10 @@
 # One device call (~8 minutes) that times what 2026-12-03's sixth session built untimed:
 # the pieces kernel's piece_lanes and piece_fit (profile_backward candidates against the
 # default and FBGEMM, each candidate's kernels profiled) and FLAT 4 with per-sample weights
-# (tune_forward --weighted against the lockstep tile the module takes for them); first the
-# GPU tests that check their bits. Results under $OUT: device.txt, gpu_tests.log,
-# profile_backward.json, run.log, tune_forward.json.
+# (tune_forward --weighted against the lockstep tile the module takes for them) and on bf16
+# rows (against bf16's own lockstep tile); first the GPU tests that check their bits.
+# Results under $OUT: device.txt, gpu_tests.log, profile_backward.json, run.log,
+# tune_forward.json, bf16/tune_forward.json.
 # After the GPU stack's first call (../shared/device/README.md), with the carry of part b:
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_next.sh
 # CANDIDATES and CONFIGS (comma-separated) override the defaults below; the profile's JSON
@@ -17,6 +18,9 @@ echo "=== forward, per-sample weights $(date +%T)"
 timeout ${TUNE_TIMEOUT:-60} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT" --weighted \
   --shapes L20-D128-fp32,L20-D128-zipf,L10-D128-fp32 --budget 4 \
   --first "1,8,128,1,1,0,4;1,32,128,1,1,0,4;1,8,128,1,1,0,3" 2>&1 | grep " ms " | tee -a "$OUT/run.log"
+echo "=== forward, bf16 rows $(date +%T)"
+timeout ${BF16_TIMEOUT:-40} python3 -m tbe_plugin.benchmarks.tune_forward --out "$OUT/bf16" --shapes L20-D128-bf16 \
+  --budget 4 --first "1,8,128,1,1,0,4;1,32,128,1,1,0,4" 2>&1 | grep " ms " | tee -a "$OUT/run.log"
 echo "=== backward candidates $(date +%T)"
 CANDIDATES=${CANDIDATES:-default,lanes32_w1_fit,fit,w1_p32,lanes32_fit,unroll8_fit}
 CONFIGS=${CONFIGS:-ctr-dlrm,b8192,ctr-mix,b65536,ctr-mix-fp16,long-bags,wide-d512-fp16}

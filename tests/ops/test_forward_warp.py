@@ -32,15 +32,16 @@ def test_warp_bags_sum_in_order(pooling, weighted):
     assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (4, 8, 64, 4, 1, 0, 3)), out)
 
 
-@pytest.mark.parametrize("pooling, weighted", [("SUM", False), ("MEAN", True)])
-def test_lean_rows_give_the_same_bits(pooling, weighted):
+@pytest.mark.parametrize("pooling, weighted, dtype", [("SUM", False, torch.float32), ("MEAN", True, torch.float32),
+                                                    ("SUM", True, torch.bfloat16)], ids=["sum", "mean-weighted", "bf16"])
+def test_lean_rows_give_the_same_bits(pooling, weighted, dtype):
     """FLAT 4 (``forward_warp._lean_rows``: a bag a program, rows before a round's last group
     of UNROLL loaded without a row mask, the last group masked by a 32-bit count): the bits of
     FLAT 3 and of the lockstep kernel's one id a step, for bags of 0-70 ids (lengths that end
     anywhere in a group, bags over two rounds of 32), tables of D 5-36 in 64-column blocks
     (column masks), every D equal to the block (direct: FULL, loads with no mask at all),
-    int32 ids and offsets."""
-    emb = build(pooling=pooling)
+    int32 ids and offsets; bf16 rows too (no heuristic takes FLAT 4 for them yet)."""
+    emb = build(dtype, pooling=pooling)
     indices, offsets = make_bags(rows_of(emb), B=5, max_len=70, seed=41, hot_fraction=0.3)
     psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(41)) if weighted else None
     for unroll, block_d, direct in [(8, 64, False), (4, 16, False), (8, 64, True)]:
@@ -48,7 +49,7 @@ def test_lean_rows_give_the_same_bits(pooling, weighted):
         assert torch.equal(out, run(emb, indices, offsets, psw, (1, unroll, block_d, 1, 1, 0, 3), direct=direct))
         assert torch.equal(out, run(emb, indices, offsets, psw, (1, 1, block_d, 1, 1, 0))), (unroll, block_d)
     assert torch.equal(run(emb, indices.int(), offsets.int(), psw, (1, 8, 64, 1, 1, 0, 4)), out)
-    full = build(pooling=pooling, specs=[(23, 16), (9, 16)], feature_table_map=[0, 1, 0])
+    full = build(dtype, pooling=pooling, specs=[(23, 16), (9, 16)], feature_table_map=[0, 1, 0])
     indices, offsets = make_bags(rows_of(full), B=3, max_len=40, seed=42, hot_fraction=0.3)
     psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(42)) if weighted else None
     out = run(full, indices, offsets, psw, (1, 4, 16, 1, 1, 0, 4), direct=True)  # FULL

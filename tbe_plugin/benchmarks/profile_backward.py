@@ -168,6 +168,19 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 26) -> flo
     return worst.item()
 
 
+def _resident_programs() -> list[dict]:
+    """``RunsLaunch.piece_fit``'s learned counts: each compiled pieces variant's warps, tile,
+    lanes and gathers a step, and the programs of it that fit a multiprocessor."""
+    from tbe_plugin.ops.embedding_backward import _RESIDENT
+
+    rows = []
+    for (_, weights, _, _, warps, constexprs), programs in _RESIDENT.items():
+        named = dict(constexprs)
+        rows.append({"weights": str(weights), "warps": warps, "programs": programs,
+                     **{k: named.get(k) for k in ("BLOCK_D", "RUNS", "LANES", "UNROLL")}})  # fmt: skip
+    return rows
+
+
 def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_fbgemm: bool) -> dict:
     device = torch.device("cuda")
     batch = generate_batches(cfg, 1, device)[0][0]
@@ -206,6 +219,8 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
                                          "relative_diff": diff / max(scale, 1e-30),
                                          "bwd_ms": time_backward(ours, batch, grad, iters),
                                          "kernels": kernel_breakdown(ours, batch, grad, top=10)}  # fmt: skip
+            if launch.piece_fit:  # what the grids were cut to (programs a multiprocessor, by compiled variant)
+                entry["candidates"][name]["resident_programs"] = _resident_programs()
         except Exception as error:  # noqa: BLE001 - a candidate that fails to compile is reported
             entry["candidates"][name] = {"error": f"{type(error).__name__}: {error}"[:300]}
         print(cfg.name, optimizer, name, entry["candidates"][name].get("bwd_ms"), flush=True)

@@ -110,8 +110,8 @@ def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
 def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
     """On CUDA, a production-shaped batch (Poisson bags of means 5-40, Zipf ids): the lockstep
     kernel's one-id-a-step bits (four bags a program at once, or one; FLAT 4's lean rows,
-    with and without FULL, and with per-sample weights), and the lockstep heuristic tile's
-    sums within fp32 rounding."""
+    with and without FULL, with per-sample weights, and on bf16 rows), and the lockstep
+    heuristic tile's sums within fp32 rounding."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
     from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
@@ -131,3 +131,8 @@ def test_warp_kernel_on_the_device_matches_the_lockstep_kernel():
         weighted = run(emb, indices, offsets, psw, (16, 1, 128, 1, 1, 0))
         assert torch.equal(weighted, run(emb, indices, offsets, psw, (1, 8, 128, 1, 1, 0, 4), direct=True))
         assert torch.equal(weighted, run(emb, indices, offsets, psw, (1, 8, 128, 1, 1, 0, 4)))
+    bf16 = TritonTableBatchedEmbeddingBags([(t.rows, t.dim) for t in tables], weights_precision="BF16", device="cuda")
+    bf16.init_embedding_weights_uniform(-1, 1)
+    with torch.no_grad():  # bf16 rows (no heuristic takes FLAT 4 for them yet): one id a step's bits
+        out = run(bf16, indices, offsets, None, (16, 1, 128, 1, 1, 0))
+        assert torch.equal(out, run(bf16, indices, offsets, None, (1, 8, 128, 1, 1, 0, 4), direct=True))

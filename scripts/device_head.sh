@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (~6 minutes) that measures HEAD's defaults: the GPU tests of the forward,
-# the backward's CUDA graphs and FBGEMM parity; the kernel suite (forward and backward against
+# the backward's CUDA graphs and pieces; the kernel suite (forward and backward against
 # FBGEMM, 5 timed rounds, up to 30 for short calls); the end-to-end DLRM benchmark under the
 # four pipelines; what drawing
 # the app's planted click log costs; a short forward sweep on the end-to-end tables (TUNE=0
@@ -12,9 +12,10 @@
 #   bash .gpu-stack/install.sh b && TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_head.sh
 source "$(dirname "$0")/device_common.sh" "HEAD's defaults"
 echo "=== gpu tests $(date +%T)"
+# (FBGEMM's parity file is left to the full GPU run: with it this subset outran 150 s at 1adc462.)
 [ "${TESTS:-1}" = 0 ] || timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
   tests/pipelines/test_data.py tests/ops/test_backward_graphs.py tests/ops/test_embedding_forward.py \
-  tests/ops/test_forward_flat.py tests/ops/test_forward_warp.py tests/test_fbgemm_parity.py 2>&1 \
+  tests/ops/test_forward_flat.py tests/ops/test_forward_warp.py tests/ops/test_backward_pieces.py 2>&1 \
   | tee "$OUT/gpu_tests.log" | tail -8
 echo "=== suite $(date +%T)"
 # 5 rounds, more for calls under ~6 ms (rounds x a warm-up call >= 30 ms, at most 30 rounds):

@@ -171,7 +171,7 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 26) -> flo
 def _resident_programs() -> list[dict]:
     """``RunsLaunch.piece_fit``'s learned counts: each compiled pieces variant's warps, tile,
     lanes and gathers a step, and the programs of it that fit a multiprocessor."""
-    from tbe_plugin.ops.embedding_backward import _RESIDENT
+    from tbe_plugin.ops.pieces_launch import _RESIDENT
 
     rows = []
     for (_, weights, _, _, warps, constexprs), programs in _RESIDENT.items():

@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
-from tbe_plugin.ops.embedding_backward import backward_update, hyper_tensor
+from tbe_plugin.ops.embedding_backward import backward_update
+from tbe_plugin.ops.update_operands import hyper_tensor
 from tbe_plugin.ops.optimizers import HYPER_FIELDS, OptimizerArgs, hyper_values
 
 BUCKET_STEPS_PER_DOUBLING = 4

@@ -184,7 +184,7 @@ class RunsLaunch:
     piece_fit: bool = False
     """``pieces`` with ``piece_programs_per_sm``: no more looping programs a multiprocessor than
     fit on one at once, from the compiled kernel's registers and warps (learned at its first
-    launch; ``embedding_backward.resident_programs``). At 16 two-warp programs, a kernel of
+    launch; ``pieces_launch.resident_programs``). At 16 two-warp programs, a kernel of
     more than 64 registers a thread leaves programs for a second wave that runs alone (sm_90:
     fp16 rows of D=128 66 registers, 14 fit; D=512 on 4 warps 92, 5 fit; ``piece_lanes`` 93,
     10 fit). Not timed yet."""

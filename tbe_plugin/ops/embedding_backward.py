@@ -27,7 +27,7 @@ Steps 4 to 6 are the chunk design (``RunsLaunch.design == "chunks"``), in
 ``tbe_plugin.ops.backward_runs``, their sizes in ``backward_launch``. The default design,
 ``pieces``, replaces them with ``tbe_plugin.ops.backward_pieces`` (runs cut into pieces at
 multiples of ``piece_ids``, a piece a lane, partials of longer runs by a fixed tree;
-``_launch_pieces``). The optimizer update itself
+``pieces_launch``). The optimizer update itself
 (``optimizers.apply_update``) sees each touched row once per step with its exact
 aggregated gradient, as FBGEMM's exact optimizers do.
 
@@ -41,13 +41,6 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.backward_launch import CHUNK_MODES, MAX_CLASSES, RunsLaunch, block_d_of, runs_launch
-from tbe_plugin.ops.backward_pieces import (
-    _cell_groups_kernel,
-    _multi_runs_kernel,
-    _piece_marks_kernel,
-    _piece_order_kernel,
-    _pieces_kernel,
-)
 from tbe_plugin.ops.backward_runs import (
     _chunk_kernel,
     _grad_pointer,
@@ -66,7 +59,9 @@ from tbe_plugin.ops.indexing import (
     _META_ROWS,
     _META_WEIGHT_OFFSET,
 )
-from tbe_plugin.ops.optimizers import OptimizerArgs, hyper_values
+from tbe_plugin.ops.optimizers import OptimizerArgs
+from tbe_plugin.ops.pieces_launch import _launch_pieces
+from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
 
 
 @triton.jit
@@ -221,71 +216,6 @@ POSITIONS_WARPS = 8
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
-
-
-_MULTIPROCESSORS: dict = {}
-
-
-def _cell_argument(grad_cell: Optional[torch.Tensor], grad_output: torch.Tensor) -> torch.Tensor:
-    """The ``grad_cell_ptr`` argument of the kernels that read the output gradient (their
-    GRAD_CELL is ``grad_cell is not None``): the cell when there is one, else the gradient
-    itself, a pointer then never read."""
-    return grad_cell if grad_cell is not None else grad_output
-
-
-def hyper_tensor(args: OptimizerArgs, device: torch.device, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``args``' runtime values (``optimizers.HYPER_FIELDS``) as the fp64 vector the update
-    kernels read, on ``device`` (into ``out`` when given): one small host-to-device copy a
-    step, from pinned memory on CUDA (no host sync)."""
-    values = torch.tensor(hyper_values(args), dtype=torch.float64, pin_memory=device.type == "cuda")
-    if out is None:
-        return values.to(device, non_blocking=True)
-    return out.copy_(values, non_blocking=True)
-
-
-def _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align):
-    """What every update kernel takes beside its sums: the step count, both momenta (the
-    weights stand in for state an optimizer lacks: never read), the hyperparameters (a
-    device vector, ``hyper_tensor``) and the constexpr modes."""
-    if step is None:
-        step = sorted_rows  # never read: only Adam and LAMB take a step count
-    m1 = momentum1 if momentum1 is not None else weights
-    m2 = momentum2 if momentum2 is not None else weights
-    hyper = args.hyper if args.hyper is not None else hyper_tensor(args, weights.device)
-    modes = dict(OPTIMIZER=args.optimizer, WEIGHT_DECAY_MODE=args.weight_decay_mode,
-                 STOCHASTIC_ROUNDING=args.stochastic_rounding, ALIGN=align)  # fmt: skip
-    return step, m1, m2, hyper, modes
-
-
-def _multiprocessors(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (4 for the CPU's interpreter)."""
-    key = str(device)
-    if key not in _MULTIPROCESSORS:
-        cuda = device.type == "cuda"
-        _MULTIPROCESSORS[key] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
-    return _MULTIPROCESSORS[key]
-
-
-def resident_programs(n_regs: int, warps: int, regs_per_sm: int = 65536, warps_per_sm: int = 64) -> int:
-    """Programs of ``warps`` warps at ``n_regs`` registers a thread that one multiprocessor
-    holds at once: registers are allocated 8 a thread at a time (256 a warp)."""
-    per_program = -(-n_regs // 8) * 8 * 32 * warps
-    return max(1, min(regs_per_sm // per_program, warps_per_sm // warps))
-
-
-# ``RunsLaunch.piece_fit``: resident pieces programs a multiprocessor, by compiled variant.
-_RESIDENT: dict = {}
-
-
-def _record_resident(key, compiled, device: torch.device, warps: int) -> None:
-    """Remembers how many programs of a just-launched pieces kernel fit a multiprocessor
-    (``compiled.n_regs``; nothing under the interpreter, whose launches return no kernel)."""
-    n_regs = getattr(compiled, "n_regs", None)
-    if device.type == "cuda" and n_regs:
-        props = torch.cuda.get_device_properties(device)
-        warps_per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // 32
-        _RESIDENT[key] = resident_programs(n_regs, warps, getattr(props, "regs_per_multiprocessor", 65536),
-                                           warps_per_sm)  # fmt: skip
 
 
 def backward_update(
@@ -494,126 +424,4 @@ def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, st
             long_count, class_pos, klass, stride, step, hyper,
             SCALED=scaled, BLOCK_D=sizes.block_d, SEGMENT=segment, STEP=sizes.step_ids, FAN_IN=fan_in,
             num_warps=sizes.loop_warps, **modes,
-        )  # fmt: skip
-
-
-MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
-MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
-
-
-def _piece_records(keys: torch.Tensor, most_pieces: int, scaled: bool):
-    """Per piece (``RunsLaunch.piece_records``): its row (``keys``' dtype), flags, the row's
-    start in the weights, D, its first id's gradient row and factor; ~33 bytes a piece
-    (upper bound: an id's worth of pieces plus a cell's)."""
-    device = keys.device
-    return (
-        torch.empty(most_pieces, dtype=keys.dtype, device=device),
-        torch.empty(most_pieces, dtype=torch.int8, device=device),
-        torch.empty(most_pieces, dtype=torch.int64, device=device),
-        torch.empty(most_pieces, dtype=torch.int32, device=device),
-        torch.empty(most_pieces, dtype=torch.int64, device=device),
-        torch.empty(most_pieces if scaled else 1, dtype=torch.float32, device=device),
-    )
-
-
-ORDER_BLOCK = 1024  # pieces per step of _piece_order_kernel's programs
-ORDER_WARPS = 8  # 4 pieces a thread
-ORDER_PROGRAMS_PER_SM = 4
-
-
-def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records, size, scaled, sms):
-    """The pieces and their records in the order of the gradient rows they first read
-    (``_piece_order_kernel``: counts per (class, row), their running totals, a scatter),
-    each with its stop; returns (starts, row, flags, w_start, dim, gradient row, factor,
-    stops)."""
-    device = grad_output.device
-    grad_rows = grad_output.shape[0]
-    buckets = torch.zeros(num_classes * grad_rows, dtype=torch.int32, device=device)
-    out = _piece_records(records[0], size, scaled)
-    starts, stops = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
-    grid = (sms * ORDER_PROGRAMS_PER_SM,)
-    common = (class_piece_pos, num_classes, piece_starts, *records)
-    _piece_order_kernel[grid](*common, buckets, grad_rows, grad_output.stride(0), starts, stops, *out,
-                              SCATTER=False, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
-    ends = torch.cumsum(buckets, 0, dtype=torch.int32)
-    _piece_order_kernel[grid](*common, ends, grad_rows, grad_output.stride(0), starts, stops, *out,
-                              SCATTER=True, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
-    return (starts, *out, stops)
-
-
-def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
-                   per_class, class_rows, launch, pooled, grad_cell=None) -> None:  # fmt: skip
-    """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
-    classes at once; then per class its pieces, the group sums of its multi runs' cells
-    (two levels, where the batch has ids enough) and its multi runs. No host sync: the
-    counts stay on the device, the looping grids are fixed."""
-    sorted_rows = sorted_operands[0]
-    device, N = weights.device, sorted_rows.numel()
-    piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
-    cells = N // piece + 1
-    blocks = cdiv(N + 1, MARKS_BLOCK)
-    # Pieces per block, then multi runs per block: one vector, so that its running totals
-    # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
-    # at ctr-mix's 22k blocks, H200, e45a0a4).
-    counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
-    # Pieces: at most a head per id, a grid point per cell, and the end.
-    piece_starts = torch.empty(N + cells + 1, dtype=torch.int64, device=device)
-    multi_heads = torch.empty(cells + 1, dtype=torch.int64, device=device)
-    class_piece_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
-    class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
-    lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
-    records = _piece_records(sorted_rows, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
-    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, num_warps=MARKS_WARPS)
-    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, WRITE=False,
-                                   **marks)  # fmt: skip
-    totals = torch.cumsum(counts, 0, dtype=torch.int32)
-    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, WRITE=True,
-                                   **marks)  # fmt: skip
-    sms = _multiprocessors(device)
-    # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
-    piece_list, stops, ordered = piece_starts, piece_starts, launch.piece_order and pooled
-    if ordered:
-        piece_list, *records, stops = _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records,
-                                                      N + cells + 1, scaled, sms)  # fmt: skip
-    stride = max(c.block_d for c in per_class)
-    cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
-    levels = [cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
-    group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
-    step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
-    _, sorted_w_start, sorted_dim, _, _ = sorted_operands
-    for klass, sizes in enumerate(per_class):
-        most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
-        pieces_grid = cdiv(most_pieces, sizes.piece_lanes or sizes.piece_runs)
-        constexprs = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs,
-                          UNROLL=sizes.piece_unroll, BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records,
-                          STOPS=ordered, GRAD_CELL=grad_cell is not None, LANES=sizes.piece_lanes, **modes)  # fmt: skip
-        per_sm, fit_key = launch.piece_programs_per_sm, None
-        if launch.piece_fit:  # (the key only then: small batches' backward is host-bound)
-            fit_key = (str(device), weights.dtype, sorted_rows.dtype, grad_output.dtype, sizes.piece_warps,
-                       tuple(sorted(constexprs.items())))  # fmt: skip
-            if per_sm and fit_key in _RESIDENT:
-                per_sm = min(per_sm, _RESIDENT[fit_key])
-        if per_sm:
-            pieces_grid = min(pieces_grid, sms * per_sm)
-        compiled = _pieces_kernel[(pieces_grid,)](
-            grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
-            num_warps=sizes.piece_warps, **constexprs,
-        )  # fmt: skip
-        if launch.piece_fit and fit_key not in _RESIDENT:
-            _record_resident(fit_key, compiled, device, sizes.piece_warps)
-        if N <= piece:
-            continue  # no run crosses a grid point
-        tree_grid = (sms * launch.loop_programs_per_sm,)
-        for level, (children, parents) in enumerate(((cell_sums, group_sums), (group_sums, supergroup_sums))):
-            unit = piece * fan_in**level
-            if N > unit * fan_in:
-                _cell_groups_kernel[tree_grid](
-                    sorted_rows, children, parents, class_pos, klass, unit, stride,
-                    BLOCK_D=sizes.block_d, FAN_IN=fan_in, PIECE=piece, num_warps=sizes.tree_warps,
-                )  # fmt: skip
-        _multi_runs_kernel[tree_grid](
-            sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, cell_sums, cells, group_sums, supergroup_sums,
-            multi_heads, class_multi_pos, class_pos, klass, stride, step, hyper,
-            BLOCK_D=sizes.block_d, PIECE=piece, FAN_IN=fan_in, num_warps=sizes.tree_warps, **modes,
         )  # fmt: skip

@@ -22,6 +22,7 @@ from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
 from tbe_plugin.ops.backward_launch import RadixSizes, RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
+from tbe_plugin.ops import pieces_launch  # noqa: E402
 from tbe_plugin.ops import radix_sort as radix  # noqa: E402
 from tbe_plugin.ops.common import vector_alignment  # noqa: E402
 
@@ -284,11 +285,11 @@ def pieces_variants():
             sizes.tree_warps, "*fp32", "*i32"  # fmt: skip
     for write, keys, records in ((False, "*i32", False), (True, "*i32", False), (True, "*i64", False),
                                  (True, "*i32", True)):  # int64 keys: 2**31 rows or more  # fmt: skip
-        yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=backward.MARKS_BLOCK,
-                                               RECORDS=records, SCALED=True), backward.MARKS_WARPS, "*fp32", keys  # fmt: skip
+        yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=pieces_launch.MARKS_BLOCK,
+                                               RECORDS=records, SCALED=True), pieces_launch.MARKS_WARPS, "*fp32", keys  # fmt: skip
     for scatter in (False, True):
-        yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=backward.ORDER_BLOCK), \
-            backward.ORDER_WARPS, "*fp32", "*i32"  # fmt: skip
+        yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=pieces_launch.ORDER_BLOCK), \
+            pieces_launch.ORDER_WARPS, "*fp32", "*i32"  # fmt: skip
     sizes = launch.for_block_d(128)
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,

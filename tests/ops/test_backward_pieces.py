@@ -217,7 +217,7 @@ def test_pieces_design_on_cuda(optimizer):
     assert_bitwise_equal(modules[0], modules[2])  # operands a piece a lane: the same sums in the same order
     # piece_fit: the first module's launches learn each variant's resident programs, the
     # second's grids are cut to them; every piece is summed by one program either way.
-    from tbe_plugin.ops.embedding_backward import _RESIDENT
+    from tbe_plugin.ops.pieces_launch import _RESIDENT
 
     assert _RESIDENT and all(1 <= n <= 32 for n in _RESIDENT.values()), _RESIDENT
     assert_bitwise_equal(modules[0], modules[3])
@@ -239,7 +239,7 @@ def test_pieces_int64_row_keys(monkeypatch):
 def test_resident_programs_from_registers_and_warps():
     """``piece_fit``'s count of programs that fit a multiprocessor at once (64k registers,
     64 warps): registers are allocated 8 a thread at a time."""
-    from tbe_plugin.ops.embedding_backward import resident_programs
+    from tbe_plugin.ops.pieces_launch import resident_programs
 
     assert [resident_programs(r, 2) for r in (56, 64, 65, 66, 72, 93, 96)] == [18, 16, 14, 14, 14, 10, 10]
     assert resident_programs(92, 4) == 5 and resident_programs(24, 1) == 64 and resident_programs(255, 16) == 1

@@ -1,0 +1,162 @@
+"""The launcher of the backward's pieces design (``backward_pieces``'s kernels, ``RunsLaunch.design ==
+"pieces"``): the marks of pieces and multi runs, the optional per-piece records and their order, then per
+class the pieces, the cell-group sums and the multi runs; with ``RunsLaunch.piece_fit``, the looping grid cut
+to the programs that fit a multiprocessor.
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+import torch
+
+from tbe_plugin.ops.backward_pieces import (
+    _cell_groups_kernel,
+    _multi_runs_kernel,
+    _piece_marks_kernel,
+    _piece_order_kernel,
+    _pieces_kernel,
+)
+from tbe_plugin.ops.common import cdiv
+from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
+
+def resident_programs(n_regs: int, warps: int, regs_per_sm: int = 65536, warps_per_sm: int = 64) -> int:
+    """Programs of ``warps`` warps at ``n_regs`` registers a thread that one multiprocessor
+    holds at once: registers are allocated 8 a thread at a time (256 a warp)."""
+    per_program = -(-n_regs // 8) * 8 * 32 * warps
+    return max(1, min(regs_per_sm // per_program, warps_per_sm // warps))
+
+
+# ``RunsLaunch.piece_fit``: resident pieces programs a multiprocessor, by compiled variant.
+_RESIDENT: dict = {}
+
+
+def _record_resident(key, compiled, device: torch.device, warps: int) -> None:
+    """Remembers how many programs of a just-launched pieces kernel fit a multiprocessor
+    (``compiled.n_regs``; nothing under the interpreter, whose launches return no kernel)."""
+    n_regs = getattr(compiled, "n_regs", None)
+    if device.type == "cuda" and n_regs:
+        props = torch.cuda.get_device_properties(device)
+        warps_per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // 32
+        _RESIDENT[key] = resident_programs(n_regs, warps, getattr(props, "regs_per_multiprocessor", 65536),
+                                           warps_per_sm)  # fmt: skip
+
+
+MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
+MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
+
+
+def _piece_records(keys: torch.Tensor, most_pieces: int, scaled: bool):
+    """Per piece (``RunsLaunch.piece_records``): its row (``keys``' dtype), flags, the row's
+    start in the weights, D, its first id's gradient row and factor; ~33 bytes a piece
+    (upper bound: an id's worth of pieces plus a cell's)."""
+    device = keys.device
+    return (
+        torch.empty(most_pieces, dtype=keys.dtype, device=device),
+        torch.empty(most_pieces, dtype=torch.int8, device=device),
+        torch.empty(most_pieces, dtype=torch.int64, device=device),
+        torch.empty(most_pieces, dtype=torch.int32, device=device),
+        torch.empty(most_pieces, dtype=torch.int64, device=device),
+        torch.empty(most_pieces if scaled else 1, dtype=torch.float32, device=device),
+    )
+
+
+ORDER_BLOCK = 1024  # pieces per step of _piece_order_kernel's programs
+ORDER_WARPS = 8  # 4 pieces a thread
+ORDER_PROGRAMS_PER_SM = 4
+
+
+def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records, size, scaled, sms):
+    """The pieces and their records in the order of the gradient rows they first read
+    (``_piece_order_kernel``: counts per (class, row), their running totals, a scatter),
+    each with its stop; returns (starts, row, flags, w_start, dim, gradient row, factor,
+    stops)."""
+    device = grad_output.device
+    grad_rows = grad_output.shape[0]
+    buckets = torch.zeros(num_classes * grad_rows, dtype=torch.int32, device=device)
+    out = _piece_records(records[0], size, scaled)
+    starts, stops = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
+    grid = (sms * ORDER_PROGRAMS_PER_SM,)
+    common = (class_piece_pos, num_classes, piece_starts, *records)
+    _piece_order_kernel[grid](*common, buckets, grad_rows, grad_output.stride(0), starts, stops, *out,
+                              SCATTER=False, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
+    ends = torch.cumsum(buckets, 0, dtype=torch.int32)
+    _piece_order_kernel[grid](*common, ends, grad_rows, grad_output.stride(0), starts, stops, *out,
+                              SCATTER=True, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
+    return (starts, *out, stops)
+
+
+def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
+                   per_class, class_rows, launch, pooled, grad_cell=None) -> None:  # fmt: skip
+    """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
+    classes at once; then per class its pieces, the group sums of its multi runs' cells
+    (two levels, where the batch has ids enough) and its multi runs. No host sync: the
+    counts stay on the device, the looping grids are fixed."""
+    sorted_rows = sorted_operands[0]
+    device, N = weights.device, sorted_rows.numel()
+    piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
+    cells = N // piece + 1
+    blocks = cdiv(N + 1, MARKS_BLOCK)
+    # Pieces per block, then multi runs per block: one vector, so that its running totals
+    # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
+    # at ctr-mix's 22k blocks, H200, e45a0a4).
+    counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
+    # Pieces: at most a head per id, a grid point per cell, and the end.
+    piece_starts = torch.empty(N + cells + 1, dtype=torch.int64, device=device)
+    multi_heads = torch.empty(cells + 1, dtype=torch.int64, device=device)
+    class_piece_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
+    class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
+    lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
+    records = _piece_records(sorted_rows, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
+    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, num_warps=MARKS_WARPS)
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, WRITE=False,
+                                   **marks)  # fmt: skip
+    totals = torch.cumsum(counts, 0, dtype=torch.int32)
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, WRITE=True,
+                                   **marks)  # fmt: skip
+    sms = _multiprocessors(device)
+    # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
+    piece_list, stops, ordered = piece_starts, piece_starts, launch.piece_order and pooled
+    if ordered:
+        piece_list, *records, stops = _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records,
+                                                      N + cells + 1, scaled, sms)  # fmt: skip
+    stride = max(c.block_d for c in per_class)
+    cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
+    levels = [cdiv(cells, fan_in**level) + 1 for level in (1, 2)]
+    group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
+    step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
+    _, sorted_w_start, sorted_dim, _, _ = sorted_operands
+    for klass, sizes in enumerate(per_class):
+        most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
+        pieces_grid = cdiv(most_pieces, sizes.piece_lanes or sizes.piece_runs)
+        constexprs = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs,
+                          UNROLL=sizes.piece_unroll, BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records,
+                          STOPS=ordered, GRAD_CELL=grad_cell is not None, LANES=sizes.piece_lanes, **modes)  # fmt: skip
+        per_sm, fit_key = launch.piece_programs_per_sm, None
+        if launch.piece_fit:  # (the key only then: small batches' backward is host-bound)
+            fit_key = (str(device), weights.dtype, sorted_rows.dtype, grad_output.dtype, sizes.piece_warps,
+                       tuple(sorted(constexprs.items())))  # fmt: skip
+            if per_sm and fit_key in _RESIDENT:
+                per_sm = min(per_sm, _RESIDENT[fit_key])
+        if per_sm:
+            pieces_grid = min(pieces_grid, sms * per_sm)
+        compiled = _pieces_kernel[(pieces_grid,)](
+            grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
+            stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
+            num_warps=sizes.piece_warps, **constexprs,
+        )  # fmt: skip
+        if launch.piece_fit and fit_key not in _RESIDENT:
+            _record_resident(fit_key, compiled, device, sizes.piece_warps)
+        if N <= piece:
+            continue  # no run crosses a grid point
+        tree_grid = (sms * launch.loop_programs_per_sm,)
+        for level, (children, parents) in enumerate(((cell_sums, group_sums), (group_sums, supergroup_sums))):
+            unit = piece * fan_in**level
+            if N > unit * fan_in:
+                _cell_groups_kernel[tree_grid](
+                    sorted_rows, children, parents, class_pos, klass, unit, stride,
+                    BLOCK_D=sizes.block_d, FAN_IN=fan_in, PIECE=piece, num_warps=sizes.tree_warps,
+                )  # fmt: skip
+        _multi_runs_kernel[tree_grid](
+            sorted_rows, sorted_w_start, sorted_dim, weights, m1, m2, cell_sums, cells, group_sums, supergroup_sums,
+            multi_heads, class_multi_pos, class_pos, klass, stride, step, hyper,
+            BLOCK_D=sizes.block_d, PIECE=piece, FAN_IN=fan_in, num_warps=sizes.tree_warps, **modes,
+        )  # fmt: skip

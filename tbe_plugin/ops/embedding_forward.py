@@ -300,7 +300,9 @@ def module_launch_config(avg_len: float, tile: int, weights: torch.Tensor, dims:
     // min(dims)``: the warp kernel holds ids as int32; never one of its classes on a GPU of
     today, 2**31 rows of D >= 65) and for per-sample weights (``weighted``): H200 at 9e0aa30,
     the suite's weighted forward (L=20, D=128 fp32) took 0.833 ms with FLAT 4 against 0.657
-    with the lockstep tile at ca8702c (FBGEMM 0.775); a second gather a row, not profiled."""
+    with the lockstep tile at ca8702c (FBGEMM 0.775): each row's product with its weight moved
+    the row through shared memory with a barrier (sm_90 SASS), which 7477d0c removed, not yet
+    timed."""
     warp = weights.numel() // max(1, min(dims)) < 2**31 and not weighted
     return pooled_launch_config(avg_len, tile, weights.element_size(), weights.dtype == torch.bfloat16, warp)
 

@@ -109,6 +109,16 @@ CANDIDATES = {
     "lanes32_w1": _launch(piece_elements=128, piece_warps=1, piece_lanes=32, piece_programs_per_sm=32),
     "lanes32_w1_fit": _launch(piece_elements=128, piece_warps=1, piece_lanes=32, piece_programs_per_sm=32,
                               piece_fit=True),
+    # Runs of up to 1-64 ids in a launch of their own with lanes32_w1's sizes, the other pieces
+    # with the default's (RunsLaunch.piece_short): lanes32_w1_fit won on uniform ids (runs of 1-3)
+    # and lost on skewed ones (most ids in long runs) at 667690e.
+    "short1": _launch(piece_short=1),
+    "short2": _launch(piece_short=2),
+    "short4": _launch(piece_short=4),
+    "short8": _launch(piece_short=8),
+    "short64": _launch(piece_short=64),
+    "short4_fit": _launch(piece_short=4, piece_fit=True),
+    "short4_w1_p32": _launch(piece_short=4, piece_elements=128, piece_warps=1, piece_programs_per_sm=32),
 }
 
 

@@ -158,7 +158,7 @@ def tune_shape(name, workload: Workload, budget, per_class=False, extra=(), weig
         max_dim = tile_class[0] if tile_class is not None else max(dims)
         first = production_first(max(class_dims), elem) if mixed_pooling else ()
         # The heuristic's own tile with and without PREFETCH (one stage, or its stages), timed first.
-        heuristic = module_launch_config(L, max_dim, emb.weights, class_dims, weighted)
+        heuristic = module_launch_config(L, max_dim, emb.weights, class_dims)
         bags, block_l, block_d, warps, stages, prefetch, *flat = heuristic
         siblings = [tuple(heuristic), (bags, block_l, block_d, warps, 3 if prefetch else 1, 1 - prefetch, *flat)]
         if flat and flat[0] == 3:  # the warp kernel takes no PREFETCH: its sibling takes three stages

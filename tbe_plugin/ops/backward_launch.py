@@ -68,6 +68,12 @@ class ClassLaunch:
     piece_unroll: int = 4
     """Gathers of each piece issued at once (``RunsLaunch.piece_unroll``, or
     ``wide_piece_unroll`` at tiles of 512 and more)."""
+    short_runs: int = 1
+    """``RunsLaunch.piece_short``: short pieces a group of the short runs' launch."""
+    short_lanes: int = 0
+    """... their pieces a round, loaded a piece a lane (0: short_runs)."""
+    short_warps: int = 1
+    """... warps of its programs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +187,19 @@ class RunsLaunch:
     to RUNS where smaller) whose operands are loaded one piece a lane and then summed RUNS at
     a time (``_pieces_kernel``'s LANES): one round of dependent operand loads for the whole
     round instead of one for every RUNS pieces. Not timed yet (CPU-tested bitwise)."""
+    piece_short: int = 0
+    """``pieces``: 0, or the most ids of a run (up to ``piece_ids``) that the pieces kernel
+    takes in a launch of its own, before the other pieces (``_piece_marks_kernel``'s SHORT: the
+    short runs' starts and stops and the other pieces' indices listed apart, ~12 more bytes an
+    id): a piece a lane, ``short_lanes`` pieces a round on ``short_warps``-warp programs of
+    ``short_elements`` gradient elements, ``short_programs_per_sm`` a multiprocessor. H200 at
+    667690e (``profile_backward``), those sizes for every piece (``lanes32_w1_fit``) against
+    the default: uniform ids (runs of 1-3 ids) b8192 3.36 -> 2.58 ms, b65536 18.7 -> 14.9; but
+    skewed ids (most ids in runs of hundreds) ctr-dlrm 3.16 -> 3.90, ctr-mix 4.93 -> 6.49."""
+    short_lanes: int = 32
+    short_elements: int = 128
+    short_warps: int = 1
+    short_programs_per_sm: int = 32
     piece_fit: bool = False
     """``pieces`` with ``piece_programs_per_sm``: no more looping programs a multiprocessor than
     fit on one at once, from the compiled kernel's registers and warps (learned at its first
@@ -255,6 +274,19 @@ class RunsLaunch:
         lanes = self.piece_lanes
         if lanes and (lanes > 128 or lanes < 2 or not _power_of_two(lanes)):
             raise ValueError(f"RunsLaunch.piece_lanes must be 0 or a power of two from 2 to 128, got {lanes}")
+        if not 0 <= self.piece_short <= self.piece_ids:
+            raise ValueError(f"RunsLaunch.piece_short must be in [0, piece_ids={self.piece_ids}], got {self.piece_short}")
+        if self.piece_short and self.piece_order:
+            raise ValueError("RunsLaunch.piece_short cannot be combined with piece_order (the short runs are "
+                             "listed apart from the ordered pieces); set one of them off")
+        if self.short_lanes > 128 or self.short_lanes < 2 or not _power_of_two(self.short_lanes):
+            raise ValueError(f"RunsLaunch.short_lanes must be a power of two from 2 to 128, got {self.short_lanes}")
+        if self.short_elements < 2 or not _power_of_two(self.short_elements):
+            raise ValueError(f"RunsLaunch.short_elements must be a power of two >= 2, got {self.short_elements}")
+        if self.short_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"RunsLaunch.short_warps must be a power of two from 1 to 16, got {self.short_warps}")
+        if self.short_programs_per_sm < 0:
+            raise ValueError(f"RunsLaunch.short_programs_per_sm must be >= 0, got {self.short_programs_per_sm}")
         if self.piece_programs_per_sm < 0:
             raise ValueError(f"RunsLaunch.piece_programs_per_sm must be >= 0, got {self.piece_programs_per_sm}")
         for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_unroll", "wide_piece_unroll"):
@@ -286,10 +318,13 @@ class RunsLaunch:
         piece_warps = min(16, max(self.piece_warps, runs * block_d // 128))
         tree_warps = min(self.max_loop_warps, max(self.tree_warps, 8 * block_d // 512))
         unroll = self.wide_piece_unroll if block_d >= 512 else self.piece_unroll
+        short_runs = max(1, self.short_elements // block_d)
         return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps,
                            piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps,
                            piece_unroll=unroll,
-                           piece_lanes=max(self.piece_lanes, runs) if self.piece_lanes else 0)  # fmt: skip
+                           piece_lanes=max(self.piece_lanes, runs) if self.piece_lanes else 0,
+                           short_runs=short_runs, short_lanes=max(self.short_lanes, short_runs),
+                           short_warps=min(16, max(self.short_warps, short_runs * block_d // 128)))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)

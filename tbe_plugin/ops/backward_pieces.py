@@ -60,8 +60,9 @@ def _piece_marks_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
     class_multi_pos_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
-    piece_scale_ptr,
+    piece_scale_ptr, short_starts_ptr, short_stops_ptr, long_index_ptr, class_short_pos_ptr, class_long_pos_ptr,
     WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr, RECORDS: tl.constexpr, SCALED: tl.constexpr,
+    SHORT: tl.constexpr = 0,
 ):  # fmt: skip
     """Marks, per position q up to the end of the valid ids (``end``, the last class's
     bound; sentinel ids lie after it): a piece starts at q when q is a head, a grid point
@@ -76,7 +77,13 @@ def _piece_marks_kernel(
     filling. RECORDS: beside each piece's start, what the pieces kernel needs of it (row,
     head and whole flags, the row's start in the weights, D, the first id's gradient row
     and factor), stored at the piece's index: read there contiguously, one round of
-    dependent loads before the gathers instead of two."""
+    dependent loads before the gathers instead of two. SHORT (``RunsLaunch.piece_short``; 0:
+    off): runs of at most SHORT ids (whole pieces) are *short* pieces, listed apart (their
+    first and stop positions, int32, in ``short_starts``/``short_stops``; a third count a
+    block after the multi runs'), and every other piece's index in the piece list goes to
+    ``long_index`` (int32): the pieces kernel takes the two lists in launches of their own
+    sizes; ``class_short_pos``/``class_long_pos``: where each class's short and other pieces
+    begin in those lists."""
     block = tl.program_id(0)
     q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     end = tl.load(class_pos_ptr + num_classes)
@@ -94,12 +101,26 @@ def _piece_marks_kernel(
     multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
+    # A short run's ids: the head and its next SHORT positions that hold its row (sorted).
+    run_ids = tl.full([BLOCK], 1, dtype=tl.int32)
+    for u in tl.static_range(1, SHORT + 1):
+        more = head & (q + u < end)
+        run_ids += (more & (tl.load(sorted_rows_ptr + q + u, mask=more, other=-3) == row)).to(tl.int32)
+    short = head & (run_ids <= SHORT)  # (never when SHORT is 0)
+    short_marks = short.to(tl.int32)
     blocks = tl.num_programs(0)
     if WRITE:
         piece_base = tl.load(counts_ptr + block - 1, mask=block > 0, other=0)
         multi_base = tl.load(counts_ptr + blocks + block - 1) - tl.load(counts_ptr + blocks - 1)
         piece_index = piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks
         tl.store(piece_starts_ptr + piece_index, q, mask=piece)
+        if SHORT > 0:
+            short_base = tl.load(counts_ptr + 2 * blocks + block - 1) - tl.load(counts_ptr + 2 * blocks - 1)
+            short_index = short_base + tl.cumsum(short_marks, axis=0) - short_marks
+            tl.store(short_starts_ptr + short_index, q.to(tl.int32), mask=short)
+            tl.store(short_stops_ptr + short_index, (q + run_ids).to(tl.int32), mask=short)
+            # The other pieces: their index in the piece list, at the pieces before them less the short ones.
+            tl.store(long_index_ptr + piece_index - short_index, piece_index, mask=piece & inside & ~short)
         if RECORDS:
             real = piece & inside
             flags = head.to(tl.int8) + 2 * (head & ~multi).to(tl.int8)  # 1: a run's head, 2: the whole run
@@ -117,11 +138,18 @@ def _piece_marks_kernel(
             bound = tl.load(class_pos_ptr + k)
             if (bound >= first_q) & (bound < first_q + BLOCK):
                 before = q < bound
-                tl.store(class_piece_pos_ptr + k, piece_base + tl.sum(tl.where(before, piece_marks, 0), axis=0))
+                pieces_before = piece_base + tl.sum(tl.where(before, piece_marks, 0), axis=0)
+                tl.store(class_piece_pos_ptr + k, pieces_before)
                 tl.store(class_multi_pos_ptr + k, multi_base + tl.sum(tl.where(before, multi_marks, 0), axis=0))
+                if SHORT > 0:
+                    short_before = short_base + tl.sum(tl.where(before, short_marks, 0), axis=0)
+                    tl.store(class_short_pos_ptr + k, short_before)
+                    tl.store(class_long_pos_ptr + k, pieces_before - short_before)
     else:
         tl.store(counts_ptr + block, tl.sum(piece_marks, axis=0))
         tl.store(counts_ptr + blocks + block, tl.sum(multi_marks, axis=0))
+        if SHORT > 0:
+            tl.store(counts_ptr + 2 * blocks + block, tl.sum(short_marks, axis=0))
 
 
 @triton.jit
@@ -168,28 +196,33 @@ def _piece_order_kernel(
 def _piece_operands(
     piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr,
-    piece_stop_ptr, i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr, RECORDS: tl.constexpr,
-    STOPS: tl.constexpr,
+    piece_stop_ptr, piece_index_ptr, i, last, num_indices, SCALED: tl.constexpr, ALIGN: tl.constexpr,
+    RECORDS: tl.constexpr, STOPS: tl.constexpr, INDIRECT: tl.constexpr,
 ):  # fmt: skip
     """What pieces ``i`` need before their gathers, packed: (first position, length (0 past
     ``last``), flags (1: the piece is its run's head, 2: the whole run), row, D, where the
     row starts in the weights, the first id's gradient row and factor). RECORDS: one round
     of contiguous loads (the marks kernel's records); otherwise two (the piece list, then
     the ids and their neighbours). STOPS: each piece's stop from ``piece_stop`` (the ordered
-    list), not the next start."""
+    list), not the next start. INDIRECT: ``i`` indexes ``piece_index``, which holds the
+    pieces' indices in the piece list (``RunsLaunch.piece_short``'s other pieces)."""
     live = i < last
-    start = tl.load(piece_starts_ptr + i, mask=live, other=0)
+    if INDIRECT:
+        j = tl.load(piece_index_ptr + i, mask=live, other=0)
+    else:
+        j = i
+    start = tl.load(piece_starts_ptr + j, mask=live, other=0)
     if STOPS:
         stop = tl.load(piece_stop_ptr + i, mask=live, other=0)
     else:
-        stop = tl.load(piece_starts_ptr + i + 1, mask=live, other=0)
+        stop = tl.load(piece_starts_ptr + j + 1, mask=live, other=0)
     if RECORDS:
-        row = tl.load(piece_row_ptr + i, mask=live, other=-1)
-        flags = tl.load(piece_flags_ptr + i, mask=live, other=0).to(tl.int32)
-        dim = tl.load(piece_dim_ptr + i, mask=live, other=0) // ALIGN * ALIGN  # see _gather_gradients
-        w_start = tl.load(piece_w_start_ptr + i, mask=live, other=0) // ALIGN * ALIGN
-        g_first = tl.load(piece_grad_offset_ptr + i, mask=live, other=0)
-        s_first = tl.load(piece_scale_ptr + i, mask=live & SCALED, other=1.0)
+        row = tl.load(piece_row_ptr + j, mask=live, other=-1)
+        flags = tl.load(piece_flags_ptr + j, mask=live, other=0).to(tl.int32)
+        dim = tl.load(piece_dim_ptr + j, mask=live, other=0) // ALIGN * ALIGN  # see _gather_gradients
+        w_start = tl.load(piece_w_start_ptr + j, mask=live, other=0) // ALIGN * ALIGN
+        g_first = tl.load(piece_grad_offset_ptr + j, mask=live, other=0)
+        s_first = tl.load(piece_scale_ptr + j, mask=live & SCALED, other=1.0)
     else:
         row = tl.load(sorted_rows_ptr + start, mask=live, other=-1)
         prev = tl.load(sorted_rows_ptr + start - 1, mask=live & (start > 0), other=-2)
@@ -224,11 +257,11 @@ def _pieces_kernel(
     grad_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     weights_ptr, momentum1_ptr, momentum2_ptr, piece_starts_ptr, class_piece_pos_ptr, cell_sums_ptr, head_slots,
     klass, slot_stride, num_indices, step_ptr, hyper_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr,
-    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr, grad_cell_ptr,
+    piece_dim_ptr, piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr, grad_cell_ptr, piece_index_ptr,
     SCALED: tl.constexpr, OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr,
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
-    GRAD_CELL: tl.constexpr, LANES: tl.constexpr = 0,
+    GRAD_CELL: tl.constexpr, LANES: tl.constexpr = 0, INDIRECT: tl.constexpr = False,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL a step, a step's
@@ -242,7 +275,10 @@ def _pieces_kernel(
     loaded one piece a lane (one round of dependent loads for LANES pieces, held in one
     register each a thread), then summed RUNS at a time, each group's operands taken from
     the lanes that hold them (``tl.gather``): a group of one-id pieces then waits on one
-    round trip to memory (its rows, state and gradients) instead of three."""
+    round trip to memory (its rows, state and gradients) instead of three. INDIRECT: the
+    class's pieces are the entries of ``piece_index`` (indices into the piece list, the list
+    of ``RunsLaunch.piece_short``'s other pieces); a piece list of short runs comes with
+    their stops (STOPS)."""
     grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
@@ -250,11 +286,11 @@ def _pieces_kernel(
     cols = tl.arange(0, BLOCK_D)
     lists = (piece_starts_ptr, sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr,
              sorted_scale_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr,
-             piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr)  # fmt: skip
+             piece_grad_offset_ptr, piece_scale_ptr, piece_stop_ptr, piece_index_ptr)  # fmt: skip
     if LANES == 0:
         for base in tl.range(first + tl.program_id(0) * RUNS, last, tl.num_programs(0) * RUNS, num_stages=1):
             start, length, flags, row, dim, w_start, g_first, s_first = _piece_operands(
-                *lists, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS
+                *lists, base + lane, last, num_indices, SCALED, ALIGN, RECORDS, STOPS, INDIRECT
             )
             _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
                          cell_sums_ptr, head_slots, slot_stride, step_ptr, hyper_ptr, start, length, flags, row, dim,
@@ -264,7 +300,7 @@ def _pieces_kernel(
         lanes = tl.arange(0, LANES)
         for base in tl.range(first + tl.program_id(0) * LANES, last, tl.num_programs(0) * LANES, num_stages=1):
             starts, lengths, flag_lanes, rows, dims, w_starts, g_firsts, s_firsts = _piece_operands(
-                *lists, base + lanes, last, num_indices, SCALED, ALIGN, RECORDS, STOPS
+                *lists, base + lanes, last, num_indices, SCALED, ALIGN, RECORDS, STOPS, INDIRECT
             )
             for group in tl.range(0, tl.cdiv(tl.minimum(last - base, LANES), RUNS), num_stages=1):
                 at = group * RUNS + lane  # the group's pieces: lanes of the round

@@ -240,8 +240,12 @@ L20_TILES = {(2, 128): (8, 1, 128, 1, 1, 1), (4, 64): (8, 4, 64, 1, 1, 1)}
 # L=10 Zipf 1.15 lost (0.154 -> 0.181) and L=10 uniform was near even (0.359 -> 0.352), so
 # bags of up to 12 ids stay in lockstep. fp16: ctr-mix-fp16's class 0.803 -> 0.708, L=20
 # 0.350 (FLAT 3 (1, 32)) -> 0.352, L=10 0.227 -> 0.229. (1, 32) instead of (1, 8) lost on
-# the skewed Poisson classes (ctr-dlrm 0.631, ctr-mix-fp16 0.913). bf16 unmeasured: its own
-# tile. Bags of more than 48 ids: ``LONG_WARP_TILE``.
+# the skewed Poisson classes (ctr-dlrm 0.631, ctr-mix-fp16 0.913). H200 at 667690e: bf16
+# rows, L=20 uniform, their lockstep tile (8, 1) 0.417 -> 0.356 (FLAT 4 (1, 32) 0.349);
+# per-sample weights (the weight a scalar since 7477d0c), lockstep -> FLAT 4 (1, 8): L=20
+# uniform fp32 0.684 -> 0.661, L=20 Zipf 1.15 0.270 -> 0.264 (L=10: 0.359 -> 0.359; below the
+# threshold anyway). Bags of more than 48 ids: ``LONG_WARP_TILE`` (bf16 and weighted there
+# unmeasured: fp16's and fp32's result taken for them).
 WARP_TILES = {4: (12, (1, 8, 128, 1, 1, 0, 4)), 2: (12, (1, 8, 128, 1, 1, 0, 4))}
 
 # Bags of more than 48 ids of 128-column rows: FLAT 4 with 32 rows in flight a warp. H200 at
@@ -272,7 +276,7 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     than these tiles (H200, ``results/tune_forward_h200_6b14428_flat.json``). 128-column
     rows in bags averaging more than ``WARP_TILES``' threshold (12 ids) take a warp a bag
     (``forward_warp``; the seventh value 4), ``LONG_WARP_TILE`` above 48, unless ``warp`` is
-    False (tables that may hold 2**31 rows: ``module_launch_config``) or the rows are bf16.
+    False (tables that may hold 2**31 rows: ``module_launch_config``).
     """
     block_d = pooled_tile(max_dim, wide_rows(avg_len, elem_size))
     if block_d >= WIDE_TILE:
@@ -283,7 +287,7 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
         return 16, 2, block_d, 1, 3, 0
     if avg_len <= 6:
         return 8, 4, block_d, 1, 3, 0
-    lean = warp and block_d == 128 and elem_size in WARP_TILES and not bf16
+    lean = warp and block_d == 128 and elem_size in WARP_TILES
     if avg_len <= 48:
         if lean and avg_len > WARP_TILES[elem_size][0]:
             return WARP_TILES[elem_size][1]
@@ -293,17 +297,15 @@ def pooled_launch_config(avg_len: float, max_dim: int, elem_size: int, bf16: boo
     return LONG_WARP_TILE if lean else (1, 32, block_d, 1, 3, 0)
 
 
-def module_launch_config(avg_len: float, tile: int, weights: torch.Tensor, dims: Sequence[int],
-                         weighted: bool = False):
+def module_launch_config(avg_len: float, tile: int, weights: torch.Tensor, dims: Sequence[int]):
     """``pooled_launch_config`` for a class of a module's features (column ``tile``), but the
     lockstep tile for weights that may hold a table of 2**31 rows or more (``weights.numel()
     // min(dims)``: the warp kernel holds ids as int32; never one of its classes on a GPU of
-    today, 2**31 rows of D >= 65) and for per-sample weights (``weighted``): H200 at 9e0aa30,
-    the suite's weighted forward (L=20, D=128 fp32) took 0.833 ms with FLAT 4 against 0.657
-    with the lockstep tile at ca8702c (FBGEMM 0.775): each row's product with its weight moved
-    the row through shared memory with a barrier (sm_90 SASS), which 7477d0c removed, not yet
-    timed."""
-    warp = weights.numel() // max(1, min(dims)) < 2**31 and not weighted
+    today, 2**31 rows of D >= 65). Bags with per-sample weights take the same tiles (FLAT 4
+    lost there at 9e0aa30, 0.833 ms against the lockstep tile's 0.657, while each row's
+    product with its weight went through shared memory with a barrier; 7477d0c took the
+    weight as a scalar, and FLAT 4 won at 667690e: ``WARP_TILES``)."""
+    warp = weights.numel() // max(1, min(dims)) < 2**31
     return pooled_launch_config(avg_len, tile, weights.element_size(), weights.dtype == torch.bfloat16, warp)
 
 
@@ -489,7 +491,7 @@ def launch_forward(
         avg_len = indices.numel() / max(num_bags, 1)
         classes = pooled_tile_classes(dims, wide_rows(avg_len, elem))
         for tile, features in classes:
-            config = module_launch_config(avg_len, tile, weights, dims, per_sample_weights is not None)
+            config = module_launch_config(avg_len, tile, weights, dims)
             # One class whose rows fit one column block: a program column per feature.
             direct = len(classes) == 1 and max(dims) <= config[2]
             work = None if direct else _work_items(dims, config[2], weights.device,

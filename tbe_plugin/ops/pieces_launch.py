@@ -95,10 +95,12 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
     cells = N // piece + 1
     blocks = cdiv(N + 1, MARKS_BLOCK)
-    # Pieces per block, then multi runs per block: one vector, so that its running totals
-    # are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor serially: 1.5 ms
-    # at ctr-mix's 22k blocks, H200, e45a0a4).
-    counts = torch.empty(2 * blocks, dtype=torch.int32, device=device)
+    # Short runs listed apart (int32 positions and piece indices: batches of fewer than 2**31).
+    short = launch.piece_short if N + cells + 1 < 2**31 else 0
+    # Pieces per block, then multi runs (then short runs) per block: one vector, so that its
+    # running totals are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor
+    # serially: 1.5 ms at ctr-mix's 22k blocks, H200, e45a0a4).
+    counts = torch.empty((3 if short else 2) * blocks, dtype=torch.int32, device=device)
     # Pieces: at most a head per id, a grid point per cell, and the end.
     piece_starts = torch.empty(N + cells + 1, dtype=torch.int64, device=device)
     multi_heads = torch.empty(cells + 1, dtype=torch.int64, device=device)
@@ -106,12 +108,19 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
     records = _piece_records(sorted_rows, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
-    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, num_warps=MARKS_WARPS)
-    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, WRITE=False,
-                                   **marks)  # fmt: skip
+    if short:  # short runs' starts and stops, the other pieces' indices, each class's first of both
+        split = (*(torch.empty(N, dtype=torch.int32, device=device) for _ in range(2)),
+                 torch.empty(N + cells + 1, dtype=torch.int32, device=device),
+                 *(torch.empty(num_classes + 1, dtype=torch.int64, device=device) for _ in range(2)))  # fmt: skip
+    else:
+        split = (piece_starts,) * 5  # never read
+    marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, SHORT=short,
+                 num_warps=MARKS_WARPS)  # fmt: skip
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, *split,
+                                   WRITE=False, **marks)  # fmt: skip
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
-    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, WRITE=True,
-                                   **marks)  # fmt: skip
+    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, *split,
+                                   WRITE=True, **marks)  # fmt: skip
     sms = _multiprocessors(device)
     # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
     piece_list, stops, ordered = piece_starts, piece_starts, launch.piece_order and pooled
@@ -124,27 +133,29 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     group_sums, supergroup_sums = (torch.empty(n * stride, dtype=torch.float32, device=device) for n in levels)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, sorted_rows, align)
     _, sorted_w_start, sorted_dim, _, _ = sorted_operands
+    # The pieces kernel's operands but its list, the list's class bounds and what varies by launch.
+    operands = (grad_output, *sorted_operands, weights, m1, m2)
+    after = (cell_sums, cells, stride, N, step, hyper)
     for klass, sizes in enumerate(per_class):
-        most_pieces = min(N, class_rows[klass]) + cells  # a head per distinct row, a grid point per cell
-        pieces_grid = cdiv(most_pieces, sizes.piece_lanes or sizes.piece_runs)
-        constexprs = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, RUNS=sizes.piece_runs,
-                          UNROLL=sizes.piece_unroll, BARRIER=sizes.piece_warps > 1, RECORDS=launch.piece_records,
-                          STOPS=ordered, GRAD_CELL=grad_cell is not None, LANES=sizes.piece_lanes, **modes)  # fmt: skip
-        per_sm, fit_key = launch.piece_programs_per_sm, None
-        if launch.piece_fit:  # (the key only then: small batches' backward is host-bound)
-            fit_key = (str(device), weights.dtype, sorted_rows.dtype, grad_output.dtype, sizes.piece_warps,
-                       tuple(sorted(constexprs.items())))  # fmt: skip
-            if per_sm and fit_key in _RESIDENT:
-                per_sm = min(per_sm, _RESIDENT[fit_key])
-        if per_sm:
-            pieces_grid = min(pieces_grid, sms * per_sm)
-        compiled = _pieces_kernel[(pieces_grid,)](
-            grad_output, *sorted_operands, weights, m1, m2, piece_list, class_piece_pos, cell_sums, cells, klass,
-            stride, N, step, hyper, *records, stops, _cell_argument(grad_cell, grad_output),
-            num_warps=sizes.piece_warps, **constexprs,
-        )  # fmt: skip
-        if launch.piece_fit and fit_key not in _RESIDENT:
-            _record_resident(fit_key, compiled, device, sizes.piece_warps)
+        rows = min(N, class_rows[klass])  # a head per distinct row
+        common = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, UNROLL=sizes.piece_unroll,
+                      GRAD_CELL=grad_cell is not None, **modes)  # fmt: skip
+        tail = (_cell_argument(grad_cell, grad_output),)
+        if short:  # short runs first: a piece a lane, one warp, their own grid
+            short_starts, short_stops, long_index, class_short_pos, class_long_pos = split
+            _launch_piece_class(operands, (short_starts, class_short_pos), after, klass, records, short_stops,
+                                tail + (short_starts,), rows, sizes.short_runs, sizes.short_lanes, sizes.short_warps,
+                                launch.short_programs_per_sm, launch.piece_fit, sms, device,
+                                dict(common, RECORDS=False, STOPS=True, INDIRECT=False))  # fmt: skip
+            _launch_piece_class(operands, (piece_starts, class_long_pos), after, klass, records, stops,
+                                tail + (long_index,), rows + cells, sizes.piece_runs, sizes.piece_lanes,
+                                sizes.piece_warps, launch.piece_programs_per_sm, launch.piece_fit, sms, device,
+                                dict(common, RECORDS=launch.piece_records, STOPS=False, INDIRECT=True))  # fmt: skip
+        else:
+            _launch_piece_class(operands, (piece_list, class_piece_pos), after, klass, records, stops,
+                                tail + (piece_list,), rows + cells, sizes.piece_runs, sizes.piece_lanes,
+                                sizes.piece_warps, launch.piece_programs_per_sm, launch.piece_fit, sms, device,
+                                dict(common, RECORDS=launch.piece_records, STOPS=ordered, INDIRECT=False))  # fmt: skip
         if N <= piece:
             continue  # no run crosses a grid point
         tree_grid = (sms * launch.loop_programs_per_sm,)
@@ -160,3 +171,26 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             multi_heads, class_multi_pos, class_pos, klass, stride, step, hyper,
             BLOCK_D=sizes.block_d, PIECE=piece, FAN_IN=fan_in, num_warps=sizes.tree_warps, **modes,
         )  # fmt: skip
+
+
+def _launch_piece_class(operands, piece_list, after, klass, records, stops, tail, most_pieces, runs, lanes, warps,
+                        per_sm, fit, sms, device, constexprs) -> None:  # fmt: skip
+    """One launch of ``_pieces_kernel`` over a class's part of a piece list (``piece_list``:
+    the list, its class bounds; ``tail``: the gradient cell and the index list): a looping grid
+    of ``per_sm`` programs a multiprocessor (0: a program per ``lanes or runs`` pieces of
+    ``most_pieces``), cut with ``fit`` to the programs that fit one."""
+    constexprs = dict(constexprs, RUNS=runs, LANES=lanes, BARRIER=warps > 1)
+    grid = cdiv(most_pieces, lanes or runs)
+    fit_key = None
+    if fit:  # (the key only then: small batches' backward is host-bound)
+        weights, grad = operands[6], operands[0]
+        fit_key = (str(device), weights.dtype, operands[1].dtype, grad.dtype, warps, tuple(sorted(constexprs.items())))
+        if per_sm and fit_key in _RESIDENT:
+            per_sm = min(per_sm, _RESIDENT[fit_key])
+    if per_sm:
+        grid = min(grid, sms * per_sm)
+    cell_sums, cells, stride, N, step, hyper = after
+    compiled = _pieces_kernel[(grid,)](*operands, piece_list[0], piece_list[1], cell_sums, cells, klass, stride, N,
+                                       step, hyper, *records, stops, *tail, num_warps=warps, **constexprs)  # fmt: skip
+    if fit and fit_key not in _RESIDENT:
+        _record_resident(fit_key, compiled, device, warps)

@@ -35,7 +35,8 @@ FLOAT_POINTERS += ("cell_sums_ptr",)
 FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
 INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
-INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr")
+INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_starts_ptr",
+                       "short_stops_ptr", "long_index_ptr", "piece_index_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
@@ -53,6 +54,9 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
         elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
             sig[name] = "*i32"  # the bags, sorted beside the rows (RunsLaunch.radix_sort)
+        elif fn.__name__ == "_pieces_kernel" and name in ("piece_starts_ptr", "piece_stop_ptr") \
+                and constexprs.get("STOPS") and not constexprs.get("RECORDS"):
+            sig[name] = "*i32"  # the short runs' starts and stops (RunsLaunch.piece_short)
         elif name in ("values_in_ptr", "values_out_ptr"):
             sig[name] = keys  # radix_sort: int32 or int64 values beside int32 keys
         elif name in ("keys_ptr", "keys_in_ptr", "keys_out_ptr", "hist_ptr", "starts_ptr"):
@@ -269,7 +273,7 @@ def pieces_variants():
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
                                       BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False, LANES=0)  # fmt: skip
+                                      GRAD_CELL=False, LANES=0, INDIRECT=False)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
                     if (weights, optimizer) == PIECES_UPDATES[0]:  # the records, ordered and in-place candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
@@ -279,14 +283,22 @@ def pieces_variants():
                             yield kernel, dict(constexprs, LANES=32), sizes.piece_warps, weights, "*i32"
                         if block_d == 128:  # ... on one-warp programs, a piece a group (profile_backward's lanes32_w1)
                             yield kernel, dict(constexprs, LANES=32, RUNS=1, BARRIER=False), 1, weights, "*i32"
+                        # RunsLaunch.piece_short: the short runs' launch (their starts and stops) and the others'
+                        # (indices into the piece list)
+                        short = launch.for_block_d(block_d)
+                        yield kernel, dict(constexprs, LANES=short.short_lanes, RUNS=short.short_runs, STOPS=True,
+                                           BARRIER=short.short_warps > 1), short.short_warps, weights, "*i32"  # fmt: skip
+                        yield kernel, dict(constexprs, INDIRECT=True), sizes.piece_warps, weights, "*i32"
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
             sizes.tree_warps, "*fp32", "*i32"  # fmt: skip
-    for write, keys, records in ((False, "*i32", False), (True, "*i32", False), (True, "*i64", False),
-                                 (True, "*i32", True)):  # int64 keys: 2**31 rows or more  # fmt: skip
+    for write, keys, records, short in ((False, "*i32", False, 0), (True, "*i32", False, 0), (True, "*i64", False, 0),
+                                        (True, "*i32", True, 0), (False, "*i32", False, 4),
+                                        (True, "*i32", False, 4)):  # int64 keys: 2**31 rows or more  # fmt: skip
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=pieces_launch.MARKS_BLOCK,
-                                               RECORDS=records, SCALED=True), pieces_launch.MARKS_WARPS, "*fp32", keys  # fmt: skip
+                                               RECORDS=records, SCALED=True, SHORT=short), \
+            pieces_launch.MARKS_WARPS, "*fp32", keys  # fmt: skip
     for scatter in (False, True):
         yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=pieces_launch.ORDER_BLOCK), \
             pieces_launch.ORDER_WARPS, "*fp32", "*i32"  # fmt: skip
@@ -294,7 +306,7 @@ def pieces_variants():
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
                                       UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False, LANES=0), \
+                                      GRAD_CELL=False, LANES=0, INDIRECT=False), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 

@@ -19,19 +19,23 @@ PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, 
                     piece_programs_per_sm=1, loop_programs_per_sm=1)  # fmt: skip
 
 
-@pytest.mark.parametrize("records, order, lanes", [(False, False, 0), (True, False, 0), (True, True, 0),
-                                                   (False, False, 64), (True, True, 128)],
-                         ids=["plain", "records", "ordered", "lanes", "ordered-lanes"])  # fmt: skip
-def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order, lanes):
+@pytest.mark.parametrize("records, order, lanes, short", [(False, False, 0, 0), (True, False, 0, 0),
+                                                          (True, True, 0, 0), (False, False, 64, 0),
+                                                          (True, True, 128, 0), (False, False, 0, 2),
+                                                          (True, False, 32, 4)],
+                         ids=["plain", "records", "ordered", "lanes", "ordered-lanes", "short", "records-lanes-short"])
+def test_pieces_hot_rows_across_cells_groups_and_supergroups(records, order, lanes, short):
     """One row in most lookups (its run crosses many cells, groups and supergroups),
     the others' runs shorter, longer and exactly as long as a cell, starting anywhere;
-    with and without the per-piece records, visited by gradient row, and with each round's
+    with and without the per-piece records, visited by gradient row, with each round's
     operands loaded a piece a lane (``piece_lanes``: 64 or 128 pieces a round, summed 16
     at a time at D <= 16; 4 looping programs: many rounds each, pieces longer than several
-    steps of UNROLL ids)."""
+    steps of UNROLL ids), and with runs of up to 2 or 4 ids (a whole cell) in a launch of
+    their own (``piece_short``)."""
     emb = build("EXACT_ROWWISE_ADAGRAD", learning_rate=0.05)
     emb.backward_launch = dataclasses.replace(PIECES, piece_records=records, piece_order=order, piece_lanes=lanes,
-                                              piece_fit=lanes > 0)  # (the interpreter's launches report no registers)
+                                              piece_fit=lanes > 0, piece_short=short)  # fmt: skip
+    # (piece_fit: the interpreter's launches report no registers)
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=8, max_len=12, hot=0.9, lr=0.05)
 
 
@@ -86,7 +90,7 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-@pytest.mark.parametrize("second", ["same", "records", "ordered", "lanes", "lanes-looping"])
+@pytest.mark.parametrize("second", ["same", "records", "ordered", "lanes", "lanes-looping", "short", "short-records"])
 def test_pieces_deterministic_with_inexact_sums(second):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
     bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
@@ -94,11 +98,14 @@ def test_pieces_deterministic_with_inexact_sums(second):
     visits the pieces in the order of their gradient rows (``piece_order``: an order the
     atomics choose, on which no sum depends), and runs whose rounds load their pieces'
     operands a piece a lane (``piece_lanes``: the same pieces summed in the same order,
-    grouped otherwise; a program per round, or one looping program)."""
+    grouped otherwise; a program per round, or one looping program), and runs whose short
+    runs (up to 3 ids) are summed in a launch of their own (``piece_short``: each in id
+    order as before)."""
     results = []
-    second_launch = dataclasses.replace(PIECES, piece_records=second in ("records", "ordered"),
+    second_launch = dataclasses.replace(PIECES, piece_records=second in ("records", "ordered", "short-records"),
                                         piece_order=second == "ordered", piece_lanes=32 if "lanes" in second else 0,
-                                        piece_programs_per_sm=0 if second == "lanes" else 1)  # fmt: skip
+                                        piece_programs_per_sm=0 if second == "lanes" else 1,
+                                        piece_short=3 if "short" in second else 0)  # fmt: skip
     for launch in (PIECES, second_launch):
         emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
         emb.backward_launch = launch
@@ -147,7 +154,7 @@ def test_piece_marks_list_pieces_and_multi_runs():
                    torch.full((32,), -1), torch.full((32,), -1, dtype=torch.int32), torch.full((32,), -1),
                    torch.full((32,), -1.0))  # fmt: skip
         args = (*operands, class_pos, len(class_pos) - 1)
-        lists = (starts, multi, piece_pos, multi_pos, *records)
+        lists = (starts, multi, piece_pos, multi_pos, *records, *(starts,) * 5)  # (SHORT off: never read)
         flags = dict(PIECE=4, BLOCK=16, RECORDS=True, SCALED=True)
         _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
         counted = counts.tolist()
@@ -189,12 +196,47 @@ def test_piece_marks_list_pieces_and_multi_runs():
     assert piece_pos == [0, 5, 5, 9] and multi_pos == [0, 1, 1, 1]
 
 
+def test_piece_marks_list_short_runs_apart():
+    """``RunsLaunch.piece_short`` (SHORT=2, cells of 4 ids, blocks of 16): runs of one or two
+    ids are listed apart with their stops (a third count a block), every other piece's index
+    in the piece list goes to the other list, and each class bound's block writes where the
+    class's short and other pieces begin; the piece list itself is the same as without."""
+    from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
+
+    sentinel = torch.iinfo(torch.int32).max
+    # Rows: 0 x9 (cut at 4, 8), 1, 2 x2, 5 x5 (whole), 7, 8 x2, 9 x3 | sentinels; classes at 0, 12, 23.
+    rows = torch.tensor([0] * 9 + [1] + [2] * 2 + [5] * 5 + [7] + [8] * 2 + [9] * 3 + [sentinel] * 2,
+                        dtype=torch.int32)  # fmt: skip
+    n = rows.numel()
+    operands = (rows, torch.arange(n) * 10, torch.full((n,), 4, dtype=torch.int32), torch.arange(n) * 100,
+                torch.arange(n, dtype=torch.float32))  # fmt: skip
+    class_pos = torch.tensor([0, 12, 23])
+    counts = torch.empty(6, dtype=torch.int32)
+    starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
+    piece_pos, multi_pos, short_pos, long_pos = (torch.full((3,), -1, dtype=torch.int64) for _ in range(4))
+    short_starts, short_stops, long_index = (torch.full((32,), -1, dtype=torch.int32) for _ in range(3))
+    lists = (starts, multi, piece_pos, multi_pos, *(starts,) * 6, short_starts, short_stops, long_index, short_pos,
+             long_pos)  # fmt: skip
+    flags = dict(PIECE=4, BLOCK=16, RECORDS=False, SCALED=True, SHORT=2)
+    _piece_marks_kernel[(2,)](*operands, class_pos, 2, counts, *lists, WRITE=False, **flags)
+    assert counts.tolist() == [6, 4, 1, 0, 2, 2]  # pieces, multi runs, short runs; blocks 0 and 1
+    _piece_marks_kernel[(2,)](*operands, class_pos, 2, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True,
+                              **flags)  # fmt: skip
+    assert starts[:11].tolist() == [0, 4, 8, 9, 10, 12, 17, 18, 20, 23, -1]
+    assert short_starts[:6].tolist() == [9, 10, 17, 18, -1, -1]  # rows 1, 2, 7, 8
+    assert short_stops[:4].tolist() == [10, 12, 18, 20]
+    assert long_index[:6].tolist() == [0, 1, 2, 5, 8, -1]  # 0's three pieces, 5's whole run, 9's (3 ids)
+    assert short_pos.tolist() == [0, 2, 4] and long_pos.tolist() == [0, 3, 5]
+    assert piece_pos.tolist() == [0, 5, 9] and multi_pos.tolist() == [0, 1, 1]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
 def test_pieces_design_on_cuda(optimizer):
     """Zipf(1.15) ids over tables of tiles 16, 128 and 512 (B=16384): two runs of the pieces
-    design agree bit for bit, and with ``piece_lanes`` and ``piece_fit`` (grids cut to the
-    resident programs), and with the chunk design up to the order of fp32 sums."""
+    design agree bit for bit, and with ``piece_lanes``, ``piece_fit`` (grids cut to the
+    resident programs) and ``piece_short``, and with the chunk design up to the order of fp32
+    sums."""
     rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
     torch.manual_seed(0)
     ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
@@ -203,7 +245,8 @@ def test_pieces_design_on_cuda(optimizer):
     grad = torch.rand(B, sum(dims), device="cuda") - 0.5
     modules = []
     fit = RunsLaunch(piece_fit=True)
-    launches = (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), RunsLaunch(piece_lanes=32), fit, fit, None)
+    launches = (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), RunsLaunch(piece_lanes=32), fit, fit, None,
+                RunsLaunch(piece_short=4), RunsLaunch(piece_short=64, piece_fit=True))  # fmt: skip
     for launch in launches:
         emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
                                               device="cuda")  # fmt: skip
@@ -223,6 +266,9 @@ def test_pieces_design_on_cuda(optimizer):
     assert_bitwise_equal(modules[0], modules[3])
     assert_bitwise_equal(modules[0], modules[4])
     torch.testing.assert_close(modules[0].weights, modules[5].weights, atol=1e-5, rtol=1e-5)
+    # piece_short: runs of up to 4 (64) ids in a launch of their own, the same sums.
+    assert_bitwise_equal(modules[0], modules[6])
+    assert_bitwise_equal(modules[0], modules[7])
 
 
 def test_pieces_int64_row_keys(monkeypatch):

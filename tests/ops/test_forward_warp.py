@@ -88,8 +88,8 @@ def test_bad_ids_and_offsets_are_counted_as_the_lockstep_kernel_counts_them():
 
 def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
     """The warp kernel holds ids as int32: weights that could hold a table of 2**31 rows (numel
-    // min D) get the lockstep tile, as do bags with per-sample weights; the heuristic's class
-    otherwise (expanded tensors: no memory)."""
+    // min D) get the lockstep tile; the heuristic's class otherwise, per-sample weights and
+    bf16 rows included (expanded tensors: no memory)."""
     from tbe_plugin.ops.embedding_forward import module_launch_config
 
     small = torch.zeros(1).expand(2**20 * 128)
@@ -101,9 +101,12 @@ def test_tables_that_may_hold_2_31_rows_take_the_lockstep_tile():
     assert module_launch_config(10.0, 128, small, [128]) == (16, 2, 128, 1, 1, 1)  # short bags: lockstep
     assert module_launch_config(100.0, 128, small, [128])[6:] == (4,)
     assert module_launch_config(100.0, 128, huge, [128]) == (1, 32, 128, 1, 3, 0)  # long bags' lockstep tile
-    assert module_launch_config(30.0, 128, small, [128], weighted=True) == (16, 2, 128, 1, 1, 1)  # per-sample weights
     half = torch.zeros(1, dtype=torch.float16).expand(2**31 * 128)
     assert module_launch_config(30.0, 128, half, [128]) == (8, 1, 128, 1, 1, 1)  # fp16's own lockstep tile
+    bf16 = torch.zeros(1, dtype=torch.bfloat16).expand(2**20 * 128)
+    assert module_launch_config(30.0, 128, bf16, [128]) == (1, 8, 128, 1, 1, 0, 4)  # FLAT 4 for bf16 rows
+    assert module_launch_config(100.0, 128, bf16, [128]) == (1, 32, 128, 1, 1, 0, 4)
+    assert module_launch_config(10.0, 128, bf16, [128]) == (8, 1, 128, 1, 1, 1)  # 16-bit rows' short-bag tile
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ echo "=== gpu tests $(date +%T)"
 timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_backward_pieces.py \
   tests/ops/test_forward_warp.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
 echo "=== backward candidates $(date +%T)"
-CANDIDATES=${CANDIDATES:-default,short1,short2,short4,short8,short64,short4_fit,short4_w1_p32,lanes32_w1_fit}
+CANDIDATES=${CANDIDATES:-default,short4,short8,short16,short32,short8_w1_p32,short16_w1_p32,short16_fit,short16_tile512}
 CONFIGS=${CONFIGS:-ctr-dlrm,b8192,ctr-mix,b65536,ctr-mix-fp16,long-bags,wide-d512-fp16}
 timeout ${PROFILE_TIMEOUT:-360} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" --configs "$CONFIGS" \
   --candidates "$CANDIDATES" --iters 5 2>&1 | grep -v "no entry for\|compatibility\|UserWarning\|run_backward" \

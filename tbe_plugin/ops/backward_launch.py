@@ -200,6 +200,10 @@ class RunsLaunch:
     short_elements: int = 128
     short_warps: int = 1
     short_programs_per_sm: int = 32
+    short_max_tile: int = 256
+    """``piece_short``: classes of wider column tiles take their short runs with their own
+    pieces sizes (no lanes): H200 at 444f209, wide-d512-fp16's kernels 2.05 ms without the
+    short launch, 2.16-2.34 with it (4-warp programs whose lanes meet in shared memory)."""
     piece_fit: bool = False
     """``pieces`` with ``piece_programs_per_sm``: no more looping programs a multiprocessor than
     fit on one at once, from the compiled kernel's registers and warps (learned at its first
@@ -274,8 +278,10 @@ class RunsLaunch:
         lanes = self.piece_lanes
         if lanes and (lanes > 128 or lanes < 2 or not _power_of_two(lanes)):
             raise ValueError(f"RunsLaunch.piece_lanes must be 0 or a power of two from 2 to 128, got {lanes}")
-        if not 0 <= self.piece_short <= self.piece_ids:
-            raise ValueError(f"RunsLaunch.piece_short must be in [0, piece_ids={self.piece_ids}], got {self.piece_short}")
+        short = self.piece_short
+        if short and (short < 0 or short > self.piece_ids or not _power_of_two(short)):
+            raise ValueError(f"RunsLaunch.piece_short must be 0 or a power of two up to piece_ids={self.piece_ids}, "
+                             f"got {short}")
         if self.piece_short and self.piece_order:
             raise ValueError("RunsLaunch.piece_short cannot be combined with piece_order (the short runs are "
                              "listed apart from the ordered pieces); set one of them off")
@@ -318,13 +324,20 @@ class RunsLaunch:
         piece_warps = min(16, max(self.piece_warps, runs * block_d // 128))
         tree_warps = min(self.max_loop_warps, max(self.tree_warps, 8 * block_d // 512))
         unroll = self.wide_piece_unroll if block_d >= 512 else self.piece_unroll
-        short_runs = max(1, self.short_elements // block_d)
         return ClassLaunch(block_d=block_d, chunk_ids=chunk, chunk_warps=warps, step_ids=step, loop_warps=loop_warps,
                            piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps,
                            piece_unroll=unroll,
                            piece_lanes=max(self.piece_lanes, runs) if self.piece_lanes else 0,
-                           short_runs=short_runs, short_lanes=max(self.short_lanes, short_runs),
-                           short_warps=min(16, max(self.short_warps, short_runs * block_d // 128)))  # fmt: skip
+                           **self._short_sizes(block_d, runs, piece_warps))  # fmt: skip
+
+    def _short_sizes(self, block_d: int, runs: int, piece_warps: int) -> dict:
+        """``ClassLaunch``'s short_* sizes: the short launch's, or the class's own pieces sizes
+        (no lanes) at tiles wider than ``short_max_tile``."""
+        if block_d > self.short_max_tile:
+            return dict(short_runs=runs, short_lanes=0, short_warps=piece_warps)
+        short_runs = max(1, self.short_elements // block_d)
+        return dict(short_runs=short_runs, short_lanes=max(self.short_lanes, short_runs),
+                    short_warps=min(16, max(self.short_warps, short_runs * block_d // 128)))
 
 
 @functools.lru_cache(maxsize=1)

@@ -56,6 +56,29 @@ def _another_grid_point(sorted_rows_ptr, q, row, grid_point, end, PIECE: tl.cons
 
 
 @triton.jit
+def _earlier(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _run_stops(sorted_rows_ptr, q, row, inside, end, block_end, SHORT: tl.constexpr):
+    """For positions q of one block (int32 results: batches of fewer than 2**31 ids): where
+    the run holding q stops (the position after its last id), from the first run end at or
+    after q in the block (a reverse running minimum); the block's last run, when it goes on
+    into the next block, from that block's first SHORT positions (beyond them: a stop more
+    than SHORT ids after any head in the block, whatever it is)."""
+    never = 2147483647
+    after = tl.load(sorted_rows_ptr + q + 1, mask=inside & (q + 1 < end), other=-4)
+    ends = inside & (after != row)  # q is its run's last id
+    stops = tl.associative_scan(tl.where(ends, q.to(tl.int32) + 1, never), 0, _earlier, reverse=True)
+    tail_row = tl.load(sorted_rows_ptr + block_end - 1, mask=block_end - 1 < end, other=-5)
+    p = block_end + tl.arange(0, SHORT)
+    tail = tl.load(sorted_rows_ptr + p, mask=p < end, other=-6)
+    tail_stop = tl.min(tl.where((tail != tail_row) | (p >= end), p.to(tl.int32), never), axis=0)
+    return tl.where(stops == never, tl.minimum(tail_stop, block_end.to(tl.int32) + SHORT), stops)
+
+
+@triton.jit
 def _piece_marks_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
@@ -101,12 +124,12 @@ def _piece_marks_kernel(
     multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
-    # A short run's ids: the head and its next SHORT positions that hold its row (sorted).
-    run_ids = tl.full([BLOCK], 1, dtype=tl.int32)
-    for u in tl.static_range(1, SHORT + 1):
-        more = head & (q + u < end)
-        run_ids += (more & (tl.load(sorted_rows_ptr + q + u, mask=more, other=-3) == row)).to(tl.int32)
-    short = head & (run_ids <= SHORT)  # (never when SHORT is 0)
+    if SHORT > 0:
+        run_stop = _run_stops(sorted_rows_ptr, q, row, inside, end, block.to(tl.int64) * BLOCK + BLOCK, SHORT)
+        short = head & (run_stop - q.to(tl.int32) <= SHORT)
+    else:
+        run_stop = tl.zeros([BLOCK], dtype=tl.int32)
+        short = head & (run_stop > 0)  # none
     short_marks = short.to(tl.int32)
     blocks = tl.num_programs(0)
     if WRITE:
@@ -118,7 +141,7 @@ def _piece_marks_kernel(
             short_base = tl.load(counts_ptr + 2 * blocks + block - 1) - tl.load(counts_ptr + 2 * blocks - 1)
             short_index = short_base + tl.cumsum(short_marks, axis=0) - short_marks
             tl.store(short_starts_ptr + short_index, q.to(tl.int32), mask=short)
-            tl.store(short_stops_ptr + short_index, (q + run_ids).to(tl.int32), mask=short)
+            tl.store(short_stops_ptr + short_index, run_stop, mask=short)
             # The other pieces: their index in the piece list, at the pieces before them less the short ones.
             tl.store(long_index_ptr + piece_index - short_index, piece_index, mask=piece & inside & ~short)
         if RECORDS:

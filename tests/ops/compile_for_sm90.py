@@ -294,8 +294,8 @@ def pieces_variants():
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
             sizes.tree_warps, "*fp32", "*i32"  # fmt: skip
     for write, keys, records, short in ((False, "*i32", False, 0), (True, "*i32", False, 0), (True, "*i64", False, 0),
-                                        (True, "*i32", True, 0), (False, "*i32", False, 4),
-                                        (True, "*i32", False, 4)):  # int64 keys: 2**31 rows or more  # fmt: skip
+                                        (True, "*i32", True, 0), (False, "*i32", False, 16),
+                                        (True, "*i32", False, 16)):  # int64 keys: 2**31 rows or more  # fmt: skip
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=pieces_launch.MARKS_BLOCK,
                                                RECORDS=records, SCALED=True, SHORT=short), \
             pieces_launch.MARKS_WARPS, "*fp32", keys  # fmt: skip

@@ -99,13 +99,13 @@ def test_pieces_deterministic_with_inexact_sums(second):
     atomics choose, on which no sum depends), and runs whose rounds load their pieces'
     operands a piece a lane (``piece_lanes``: the same pieces summed in the same order,
     grouped otherwise; a program per round, or one looping program), and runs whose short
-    runs (up to 3 ids) are summed in a launch of their own (``piece_short``: each in id
+    runs (up to 2 ids) are summed in a launch of their own (``piece_short``: each in id
     order as before)."""
     results = []
     second_launch = dataclasses.replace(PIECES, piece_records=second in ("records", "ordered", "short-records"),
                                         piece_order=second == "ordered", piece_lanes=32 if "lanes" in second else 0,
                                         piece_programs_per_sm=0 if second == "lanes" else 1,
-                                        piece_short=3 if "short" in second else 0)  # fmt: skip
+                                        piece_short=2 if "short" in second else 0)  # fmt: skip
     for launch in (PIECES, second_launch):
         emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
         emb.backward_launch = launch
@@ -200,34 +200,49 @@ def test_piece_marks_list_short_runs_apart():
     """``RunsLaunch.piece_short`` (SHORT=2, cells of 4 ids, blocks of 16): runs of one or two
     ids are listed apart with their stops (a third count a block), every other piece's index
     in the piece list goes to the other list, and each class bound's block writes where the
-    class's short and other pieces begin; the piece list itself is the same as without."""
+    class's short and other pieces begin; the piece list itself is the same as without. A
+    run that goes on into the next block is short or not by that block's first ids."""
     from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
 
     sentinel = torch.iinfo(torch.int32).max
-    # Rows: 0 x9 (cut at 4, 8), 1, 2 x2, 5 x5 (whole), 7, 8 x2, 9 x3 | sentinels; classes at 0, 12, 23.
-    rows = torch.tensor([0] * 9 + [1] + [2] * 2 + [5] * 5 + [7] + [8] * 2 + [9] * 3 + [sentinel] * 2,
-                        dtype=torch.int32)  # fmt: skip
-    n = rows.numel()
-    operands = (rows, torch.arange(n) * 10, torch.full((n,), 4, dtype=torch.int32), torch.arange(n) * 100,
-                torch.arange(n, dtype=torch.float32))  # fmt: skip
-    class_pos = torch.tensor([0, 12, 23])
-    counts = torch.empty(6, dtype=torch.int32)
-    starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
-    piece_pos, multi_pos, short_pos, long_pos = (torch.full((3,), -1, dtype=torch.int64) for _ in range(4))
-    short_starts, short_stops, long_index = (torch.full((32,), -1, dtype=torch.int32) for _ in range(3))
-    lists = (starts, multi, piece_pos, multi_pos, *(starts,) * 6, short_starts, short_stops, long_index, short_pos,
-             long_pos)  # fmt: skip
-    flags = dict(PIECE=4, BLOCK=16, RECORDS=False, SCALED=True, SHORT=2)
-    _piece_marks_kernel[(2,)](*operands, class_pos, 2, counts, *lists, WRITE=False, **flags)
-    assert counts.tolist() == [6, 4, 1, 0, 2, 2]  # pieces, multi runs, short runs; blocks 0 and 1
-    _piece_marks_kernel[(2,)](*operands, class_pos, 2, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True,
-                              **flags)  # fmt: skip
-    assert starts[:11].tolist() == [0, 4, 8, 9, 10, 12, 17, 18, 20, 23, -1]
-    assert short_starts[:6].tolist() == [9, 10, 17, 18, -1, -1]  # rows 1, 2, 7, 8
-    assert short_stops[:4].tolist() == [10, 12, 18, 20]
-    assert long_index[:6].tolist() == [0, 1, 2, 5, 8, -1]  # 0's three pieces, 5's whole run, 9's (3 ids)
-    assert short_pos.tolist() == [0, 2, 4] and long_pos.tolist() == [0, 3, 5]
-    assert piece_pos.tolist() == [0, 5, 9] and multi_pos.tolist() == [0, 1, 1]
+
+    def marks(rows, class_pos):
+        rows = torch.tensor(rows + [sentinel] * 2, dtype=torch.int32)
+        n, class_pos = rows.numel(), torch.tensor(class_pos)
+        operands = (rows, torch.arange(n) * 10, torch.full((n,), 4, dtype=torch.int32), torch.arange(n) * 100,
+                    torch.arange(n, dtype=torch.float32))  # fmt: skip
+        counts = torch.empty(6, dtype=torch.int32)
+        starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
+        positions = [torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(4)]  # piece, multi, short, long
+        short_starts, short_stops, long_index = (torch.full((32,), -1, dtype=torch.int32) for _ in range(3))
+        lists = (starts, multi, *positions[:2], *(starts,) * 6, short_starts, short_stops, long_index, *positions[2:])
+        flags = dict(PIECE=4, BLOCK=16, RECORDS=False, SCALED=True, SHORT=2)
+        args = (*operands, class_pos, len(class_pos) - 1)
+        _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
+        counted = counts.tolist()
+        _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, **flags)
+        done = lambda t: t[: (t >= 0).sum()].tolist()  # noqa: E731
+        return counted, done(starts), done(short_starts), done(short_stops), done(long_index), \
+            [p.tolist() for p in positions]  # fmt: skip
+
+    # Rows 0 x9 (cut at 4, 8), 1, 2 x2, 5 x5 (whole; on into block 1), 7, 8 x2, 9 x3; classes at 0, 12, 23.
+    counted, starts, short_starts, short_stops, long_index, positions = marks(
+        [0] * 9 + [1] + [2] * 2 + [5] * 5 + [7] + [8] * 2 + [9] * 3, [0, 12, 23])
+    assert counted == [6, 4, 1, 0, 2, 2]  # pieces, multi runs, short runs; blocks 0 and 1
+    assert starts == [0, 4, 8, 9, 10, 12, 17, 18, 20, 23]
+    assert short_starts == [9, 10, 17, 18] and short_stops == [10, 12, 18, 20]  # rows 1, 2, 7, 8
+    assert long_index == [0, 1, 2, 5, 8]  # 0's three pieces, 5's whole run, 9's (3 ids)
+    assert positions == [[0, 5, 9], [0, 1, 1], [0, 2, 4], [0, 3, 5]]  # pieces, multi runs, short, long
+    # A two-id run across the blocks' edge (15, 16): short, its stop found in block 1.
+    counted, starts, short_starts, short_stops, long_index, positions = marks(
+        list(range(15)) + [40] * 2 + [41] * 5, [0, 22])
+    assert short_starts == list(range(16)) and short_stops == list(range(1, 16)) + [17]
+    assert long_index == [16] and positions[2:] == [[0, 16], [0, 1]]
+    # A run of 8 from 12 (past block 1's first two ids): not short; a short run after it.
+    counted, starts, short_starts, short_stops, long_index, positions = marks(
+        list(range(12)) + [30] * 8 + [31] * 2, [0, 22])
+    assert short_starts == list(range(12)) + [20] and short_stops == list(range(1, 13)) + [22]
+    assert long_index == [12] and starts == list(range(13)) + [20, 22]
 
 
 @pytest.mark.gpu

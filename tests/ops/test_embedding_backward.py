@@ -154,7 +154,7 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
     [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),
      ("chunk_mode", "every"), ("design", "runs"), ("piece_ids", 48), ("piece_elements", 1), ("piece_warps", 32),
      ("tree_warps", 0), ("piece_programs_per_sm", -1), ("piece_unroll", 32), ("piece_order", True),
-     ("piece_lanes", 3), ("piece_lanes", 256), ("piece_lanes", 1), ("piece_short", -1), ("piece_short", 65),
+     ("piece_lanes", 3), ("piece_lanes", 256), ("piece_lanes", 1), ("piece_short", -1), ("piece_short", 128), ("piece_short", 6),
      ("short_lanes", 0), ("short_lanes", 48), ("short_elements", 96), ("short_warps", 3),
      ("short_programs_per_sm", -2)],
 )

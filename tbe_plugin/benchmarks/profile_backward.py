@@ -112,6 +112,7 @@ CANDIDATES = {
     # Runs of up to 1-64 ids in a launch of their own with lanes32_w1's sizes, the other pieces
     # with the default's (RunsLaunch.piece_short): lanes32_w1_fit won on uniform ids (runs of 1-3)
     # and lost on skewed ones (most ids in long runs) at 667690e.
+    "noshort": _launch(piece_short=0),
     "short16": _launch(piece_short=16),
     "short32": _launch(piece_short=32),
     "short8_w1_p32": _launch(piece_short=8, piece_elements=128, piece_warps=1, piece_programs_per_sm=32),

@@ -187,15 +187,22 @@ class RunsLaunch:
     to RUNS where smaller) whose operands are loaded one piece a lane and then summed RUNS at
     a time (``_pieces_kernel``'s LANES): one round of dependent operand loads for the whole
     round instead of one for every RUNS pieces. Not timed yet (CPU-tested bitwise)."""
-    piece_short: int = 0
-    """``pieces``: 0, or the most ids of a run (up to ``piece_ids``) that the pieces kernel
-    takes in a launch of its own, before the other pieces (``_piece_marks_kernel``'s SHORT: the
-    short runs' starts and stops and the other pieces' indices listed apart, ~12 more bytes an
+    piece_short: int = 16
+    """``pieces``: 0, or the most ids of a run (a power of two; ``piece_ids`` at most, fewer
+    taken as ``piece_ids``; off under ``piece_order``, whose list it does not index) that the
+    pieces kernel takes in a launch of its own, before the other pieces (``_piece_marks_kernel``'s SHORT: the
+    short runs' and the other pieces' indices in the piece list listed apart, ~8 more bytes an
     id): a piece a lane, ``short_lanes`` pieces a round on ``short_warps``-warp programs of
     ``short_elements`` gradient elements, ``short_programs_per_sm`` a multiprocessor. H200 at
     667690e (``profile_backward``), those sizes for every piece (``lanes32_w1_fit``) against
     the default: uniform ids (runs of 1-3 ids) b8192 3.36 -> 2.58 ms, b65536 18.7 -> 14.9; but
-    skewed ids (most ids in runs of hundreds) ctr-dlrm 3.16 -> 3.90, ctr-mix 4.93 -> 6.49."""
+    skewed ids (most ids in runs of hundreds) ctr-dlrm 3.16 -> 3.90, ctr-mix 4.93 -> 6.49. The
+    short runs apart, the rest as before (H200 at b44233a, the backward's kernels, ms, off ->
+    16): ctr-dlrm 3.00 -> 2.78, b8192 2.95 -> 2.38, ctr-mix 4.82 -> 4.53, b65536 18.9 -> 14.8,
+    ctr-mix-fp16 4.64 -> 4.34, long-bags 3.81 -> 3.49, wide-d512-fp16 2.08 -> 2.11 (FBGEMM 3.54,
+    3.47, 6.57, 18.0, 6.57, 4.37, 2.19); 4, 8 and 32 within 2% of 16 but at b8192 (4-32 equal)
+    and wide-d512; the marks kernel then found a run's length with a scan (0.13 -> 0.28 ms at
+    ctr-dlrm), since one load a head."""
     short_lanes: int = 32
     short_elements: int = 128
     short_warps: int = 1
@@ -279,12 +286,8 @@ class RunsLaunch:
         if lanes and (lanes > 128 or lanes < 2 or not _power_of_two(lanes)):
             raise ValueError(f"RunsLaunch.piece_lanes must be 0 or a power of two from 2 to 128, got {lanes}")
         short = self.piece_short
-        if short and (short < 0 or short > self.piece_ids or not _power_of_two(short)):
-            raise ValueError(f"RunsLaunch.piece_short must be 0 or a power of two up to piece_ids={self.piece_ids}, "
-                             f"got {short}")
-        if self.piece_short and self.piece_order:
-            raise ValueError("RunsLaunch.piece_short cannot be combined with piece_order (the short runs are "
-                             "listed apart from the ordered pieces); set one of them off")
+        if short and (short < 0 or not _power_of_two(short)):
+            raise ValueError(f"RunsLaunch.piece_short must be 0 or a power of two, got {short}")
         if self.short_lanes > 128 or self.short_lanes < 2 or not _power_of_two(self.short_lanes):
             raise ValueError(f"RunsLaunch.short_lanes must be a power of two from 2 to 128, got {self.short_lanes}")
         if self.short_elements < 2 or not _power_of_two(self.short_elements):

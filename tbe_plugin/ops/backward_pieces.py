@@ -56,34 +56,11 @@ def _another_grid_point(sorted_rows_ptr, q, row, grid_point, end, PIECE: tl.cons
 
 
 @triton.jit
-def _earlier(a, b):
-    return tl.minimum(a, b)
-
-
-@triton.jit
-def _run_stops(sorted_rows_ptr, q, row, inside, end, block_end, SHORT: tl.constexpr):
-    """For positions q of one block (int32 results: batches of fewer than 2**31 ids): where
-    the run holding q stops (the position after its last id), from the first run end at or
-    after q in the block (a reverse running minimum); the block's last run, when it goes on
-    into the next block, from that block's first SHORT positions (beyond them: a stop more
-    than SHORT ids after any head in the block, whatever it is)."""
-    never = 2147483647
-    after = tl.load(sorted_rows_ptr + q + 1, mask=inside & (q + 1 < end), other=-4)
-    ends = inside & (after != row)  # q is its run's last id
-    stops = tl.associative_scan(tl.where(ends, q.to(tl.int32) + 1, never), 0, _earlier, reverse=True)
-    tail_row = tl.load(sorted_rows_ptr + block_end - 1, mask=block_end - 1 < end, other=-5)
-    p = block_end + tl.arange(0, SHORT)
-    tail = tl.load(sorted_rows_ptr + p, mask=p < end, other=-6)
-    tail_stop = tl.min(tl.where((tail != tail_row) | (p >= end), p.to(tl.int32), never), axis=0)
-    return tl.where(stops == never, tl.minimum(tail_stop, block_end.to(tl.int32) + SHORT), stops)
-
-
-@triton.jit
 def _piece_marks_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
     class_multi_pos_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
-    piece_scale_ptr, short_starts_ptr, short_stops_ptr, long_index_ptr, class_short_pos_ptr, class_long_pos_ptr,
+    piece_scale_ptr, short_index_ptr, long_index_ptr, class_short_pos_ptr, class_long_pos_ptr,
     WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr, RECORDS: tl.constexpr, SCALED: tl.constexpr,
     SHORT: tl.constexpr = 0,
 ):  # fmt: skip
@@ -101,12 +78,11 @@ def _piece_marks_kernel(
     head and whole flags, the row's start in the weights, D, the first id's gradient row
     and factor), stored at the piece's index: read there contiguously, one round of
     dependent loads before the gathers instead of two. SHORT (``RunsLaunch.piece_short``; 0:
-    off): runs of at most SHORT ids (whole pieces) are *short* pieces, listed apart (their
-    first and stop positions, int32, in ``short_starts``/``short_stops``; a third count a
-    block after the multi runs'), and every other piece's index in the piece list goes to
-    ``long_index`` (int32): the pieces kernel takes the two lists in launches of their own
-    sizes; ``class_short_pos``/``class_long_pos``: where each class's short and other pieces
-    begin in those lists."""
+    off): runs of at most SHORT ids (whole pieces) are *short* pieces: their indices in the
+    piece list go to ``short_index``, the other pieces' to ``long_index`` (int32; a third
+    count a block, after the multi runs'), which the pieces kernel takes in launches of their
+    own sizes (INDIRECT); ``class_short_pos``/``class_long_pos``: where each class's short and
+    other pieces begin in those lists."""
     block = tl.program_id(0)
     q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     end = tl.load(class_pos_ptr + num_classes)
@@ -124,12 +100,12 @@ def _piece_marks_kernel(
     multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
+    # A short run: at most SHORT ids, so its row is gone SHORT positions after its head (sorted).
     if SHORT > 0:
-        run_stop = _run_stops(sorted_rows_ptr, q, row, inside, end, block.to(tl.int64) * BLOCK + BLOCK, SHORT)
-        short = head & (run_stop - q.to(tl.int32) <= SHORT)
+        beyond = head & (q + SHORT < end)
+        short = head & (tl.load(sorted_rows_ptr + q + SHORT, mask=beyond, other=-3) != row)
     else:
-        run_stop = tl.zeros([BLOCK], dtype=tl.int32)
-        short = head & (run_stop > 0)  # none
+        short = head & (q < 0)  # none
     short_marks = short.to(tl.int32)
     blocks = tl.num_programs(0)
     if WRITE:
@@ -140,9 +116,8 @@ def _piece_marks_kernel(
         if SHORT > 0:
             short_base = tl.load(counts_ptr + 2 * blocks + block - 1) - tl.load(counts_ptr + 2 * blocks - 1)
             short_index = short_base + tl.cumsum(short_marks, axis=0) - short_marks
-            tl.store(short_starts_ptr + short_index, q.to(tl.int32), mask=short)
-            tl.store(short_stops_ptr + short_index, run_stop, mask=short)
-            # The other pieces: their index in the piece list, at the pieces before them less the short ones.
+            # Both kinds by their index in the piece list (a piece stops where the next starts).
+            tl.store(short_index_ptr + short_index, piece_index, mask=short)
             tl.store(long_index_ptr + piece_index - short_index, piece_index, mask=piece & inside & ~short)
         if RECORDS:
             real = piece & inside
@@ -228,7 +203,7 @@ def _piece_operands(
     of contiguous loads (the marks kernel's records); otherwise two (the piece list, then
     the ids and their neighbours). STOPS: each piece's stop from ``piece_stop`` (the ordered
     list), not the next start. INDIRECT: ``i`` indexes ``piece_index``, which holds the
-    pieces' indices in the piece list (``RunsLaunch.piece_short``'s other pieces)."""
+    pieces' indices in the piece list (``RunsLaunch.piece_short``'s two lists)."""
     live = i < last
     if INDIRECT:
         j = tl.load(piece_index_ptr + i, mask=live, other=0)
@@ -299,9 +274,8 @@ def _pieces_kernel(
     register each a thread), then summed RUNS at a time, each group's operands taken from
     the lanes that hold them (``tl.gather``): a group of one-id pieces then waits on one
     round trip to memory (its rows, state and gradients) instead of three. INDIRECT: the
-    class's pieces are the entries of ``piece_index`` (indices into the piece list, the list
-    of ``RunsLaunch.piece_short``'s other pieces); a piece list of short runs comes with
-    their stops (STOPS)."""
+    class's pieces are the entries of ``piece_index`` (indices into the piece list:
+    ``RunsLaunch.piece_short``'s lists of short runs and of the other pieces)."""
     grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)

@@ -95,8 +95,10 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
     cells = N // piece + 1
     blocks = cdiv(N + 1, MARKS_BLOCK)
-    # Short runs listed apart (int32 positions and piece indices: batches of fewer than 2**31).
-    short = launch.piece_short if N + cells + 1 < 2**31 else 0
+    # Short runs listed apart (int32 piece indices: batches of fewer than 2**31 ids; not with
+    # the ordered list, which their indices do not follow).
+    ordered = launch.piece_order and pooled
+    short = min(launch.piece_short, piece) if N + cells + 1 < 2**31 and not ordered else 0
     # Pieces per block, then multi runs (then short runs) per block: one vector, so that its
     # running totals are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor
     # serially: 1.5 ms at ctr-mix's 22k blocks, H200, e45a0a4).
@@ -108,12 +110,12 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     class_multi_pos = torch.empty(num_classes + 1, dtype=torch.int64, device=device)
     lists = (piece_starts, multi_heads, class_piece_pos, class_multi_pos)
     records = _piece_records(sorted_rows, N + cells + 1, scaled) if launch.piece_records else (piece_starts,) * 6
-    if short:  # short runs' starts and stops, the other pieces' indices, each class's first of both
-        split = (*(torch.empty(N, dtype=torch.int32, device=device) for _ in range(2)),
+    if short:  # the short runs' and the other pieces' indices in the piece list, each class's first of both
+        split = (torch.empty(N, dtype=torch.int32, device=device),
                  torch.empty(N + cells + 1, dtype=torch.int32, device=device),
                  *(torch.empty(num_classes + 1, dtype=torch.int64, device=device) for _ in range(2)))  # fmt: skip
     else:
-        split = (piece_starts,) * 5  # never read
+        split = (piece_starts,) * 4  # never read
     marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, SHORT=short,
                  num_warps=MARKS_WARPS)  # fmt: skip
     _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, *split,
@@ -123,7 +125,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
                                    WRITE=True, **marks)  # fmt: skip
     sms = _multiprocessors(device)
     # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
-    piece_list, stops, ordered = piece_starts, piece_starts, launch.piece_order and pooled
+    piece_list, stops = piece_starts, piece_starts
     if ordered:
         piece_list, *records, stops = _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records,
                                                       N + cells + 1, scaled, sms)  # fmt: skip
@@ -142,12 +144,12 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
                       GRAD_CELL=grad_cell is not None, **modes)  # fmt: skip
         tail = (_cell_argument(grad_cell, grad_output),)
         if short:  # short runs first: a piece a lane, one warp, their own grid
-            short_starts, short_stops, long_index, class_short_pos, class_long_pos = split
-            _launch_piece_class(operands, (short_starts, class_short_pos), after, klass, records, short_stops,
-                                tail + (short_starts,), rows, sizes.short_runs, sizes.short_lanes, sizes.short_warps,
+            short_index, long_index, class_short_pos, class_long_pos = split
+            _launch_piece_class(operands, (piece_starts, class_short_pos), after, klass, records, stops,
+                                tail + (short_index,), rows, sizes.short_runs, sizes.short_lanes, sizes.short_warps,
                                 launch.short_programs_per_sm if sizes.short_lanes else launch.piece_programs_per_sm,
                                 launch.piece_fit, sms, device,
-                                dict(common, RECORDS=False, STOPS=True, INDIRECT=False))  # fmt: skip
+                                dict(common, RECORDS=launch.piece_records, STOPS=False, INDIRECT=True))  # fmt: skip
             _launch_piece_class(operands, (piece_starts, class_long_pos), after, klass, records, stops,
                                 tail + (long_index,), rows + cells, sizes.piece_runs, sizes.piece_lanes,
                                 sizes.piece_warps, launch.piece_programs_per_sm, launch.piece_fit, sms, device,

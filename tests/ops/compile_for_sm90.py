@@ -35,8 +35,8 @@ FLOAT_POINTERS += ("cell_sums_ptr",)
 FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
 INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
-INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_starts_ptr",
-                       "short_stops_ptr", "long_index_ptr", "piece_index_ptr")  # fmt: skip
+INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_index_ptr",
+                       "long_index_ptr", "piece_index_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
@@ -54,9 +54,6 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
         elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
             sig[name] = "*i32"  # the bags, sorted beside the rows (RunsLaunch.radix_sort)
-        elif fn.__name__ == "_pieces_kernel" and name in ("piece_starts_ptr", "piece_stop_ptr") \
-                and constexprs.get("STOPS") and not constexprs.get("RECORDS"):
-            sig[name] = "*i32"  # the short runs' starts and stops (RunsLaunch.piece_short)
         elif name in ("values_in_ptr", "values_out_ptr"):
             sig[name] = keys  # radix_sort: int32 or int64 values beside int32 keys
         elif name in ("keys_ptr", "keys_in_ptr", "keys_out_ptr", "hist_ptr", "starts_ptr"):
@@ -286,7 +283,7 @@ def pieces_variants():
                         # RunsLaunch.piece_short: the short runs' launch (their starts and stops) and the others'
                         # (indices into the piece list)
                         short = launch.for_block_d(block_d)
-                        yield kernel, dict(constexprs, LANES=short.short_lanes, RUNS=short.short_runs, STOPS=True,
+                        yield kernel, dict(constexprs, LANES=short.short_lanes, RUNS=short.short_runs, INDIRECT=True,
                                            BARRIER=short.short_warps > 1), short.short_warps, weights, "*i32"  # fmt: skip
                         yield kernel, dict(constexprs, INDIRECT=True), sizes.piece_warps, weights, "*i32"
                 else:

@@ -154,7 +154,7 @@ def test_piece_marks_list_pieces_and_multi_runs():
                    torch.full((32,), -1), torch.full((32,), -1, dtype=torch.int32), torch.full((32,), -1),
                    torch.full((32,), -1.0))  # fmt: skip
         args = (*operands, class_pos, len(class_pos) - 1)
-        lists = (starts, multi, piece_pos, multi_pos, *records, *(starts,) * 5)  # (SHORT off: never read)
+        lists = (starts, multi, piece_pos, multi_pos, *records, *(starts,) * 4)  # (SHORT off: never read)
         flags = dict(PIECE=4, BLOCK=16, RECORDS=True, SCALED=True)
         _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
         counted = counts.tolist()
@@ -197,11 +197,11 @@ def test_piece_marks_list_pieces_and_multi_runs():
 
 
 def test_piece_marks_list_short_runs_apart():
-    """``RunsLaunch.piece_short`` (SHORT=2, cells of 4 ids, blocks of 16): runs of one or two
-    ids are listed apart with their stops (a third count a block), every other piece's index
-    in the piece list goes to the other list, and each class bound's block writes where the
-    class's short and other pieces begin; the piece list itself is the same as without. A
-    run that goes on into the next block is short or not by that block's first ids."""
+    """``RunsLaunch.piece_short`` (SHORT=2, cells of 4 ids, blocks of 16): the pieces of runs
+    of one or two ids and the other pieces are listed apart by their index in the piece
+    list (a third count a block), and each class bound's block writes where the class's
+    short and other pieces begin; the piece list itself is the same as without. A run that
+    goes on into the next block is short or not by that block's first ids."""
     from tbe_plugin.ops.backward_pieces import _piece_marks_kernel
 
     sentinel = torch.iinfo(torch.int32).max
@@ -214,35 +214,31 @@ def test_piece_marks_list_short_runs_apart():
         counts = torch.empty(6, dtype=torch.int32)
         starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
         positions = [torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(4)]  # piece, multi, short, long
-        short_starts, short_stops, long_index = (torch.full((32,), -1, dtype=torch.int32) for _ in range(3))
-        lists = (starts, multi, *positions[:2], *(starts,) * 6, short_starts, short_stops, long_index, *positions[2:])
+        short_index, long_index = (torch.full((32,), -1, dtype=torch.int32) for _ in range(2))
+        lists = (starts, multi, *positions[:2], *(starts,) * 6, short_index, long_index, *positions[2:])
         flags = dict(PIECE=4, BLOCK=16, RECORDS=False, SCALED=True, SHORT=2)
         args = (*operands, class_pos, len(class_pos) - 1)
         _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
         counted = counts.tolist()
         _piece_marks_kernel[(2,)](*args, counts.cumsum(0, dtype=torch.int32), *lists, WRITE=True, **flags)
         done = lambda t: t[: (t >= 0).sum()].tolist()  # noqa: E731
-        return counted, done(starts), done(short_starts), done(short_stops), done(long_index), \
-            [p.tolist() for p in positions]  # fmt: skip
+        starts = done(starts)
+        return counted, starts, [starts[j] for j in done(short_index)], done(long_index), [p.tolist() for p in positions]
 
     # Rows 0 x9 (cut at 4, 8), 1, 2 x2, 5 x5 (whole; on into block 1), 7, 8 x2, 9 x3; classes at 0, 12, 23.
-    counted, starts, short_starts, short_stops, long_index, positions = marks(
+    counted, starts, short_starts, long_index, positions = marks(
         [0] * 9 + [1] + [2] * 2 + [5] * 5 + [7] + [8] * 2 + [9] * 3, [0, 12, 23])
     assert counted == [6, 4, 1, 0, 2, 2]  # pieces, multi runs, short runs; blocks 0 and 1
     assert starts == [0, 4, 8, 9, 10, 12, 17, 18, 20, 23]
-    assert short_starts == [9, 10, 17, 18] and short_stops == [10, 12, 18, 20]  # rows 1, 2, 7, 8
+    assert short_starts == [9, 10, 17, 18]  # rows 1, 2, 7, 8
     assert long_index == [0, 1, 2, 5, 8]  # 0's three pieces, 5's whole run, 9's (3 ids)
     assert positions == [[0, 5, 9], [0, 1, 1], [0, 2, 4], [0, 3, 5]]  # pieces, multi runs, short, long
-    # A two-id run across the blocks' edge (15, 16): short, its stop found in block 1.
-    counted, starts, short_starts, short_stops, long_index, positions = marks(
-        list(range(15)) + [40] * 2 + [41] * 5, [0, 22])
-    assert short_starts == list(range(16)) and short_stops == list(range(1, 16)) + [17]
-    assert long_index == [16] and positions[2:] == [[0, 16], [0, 1]]
-    # A run of 8 from 12 (past block 1's first two ids): not short; a short run after it.
-    counted, starts, short_starts, short_stops, long_index, positions = marks(
-        list(range(12)) + [30] * 8 + [31] * 2, [0, 22])
-    assert short_starts == list(range(12)) + [20] and short_stops == list(range(1, 13)) + [22]
-    assert long_index == [12] and starts == list(range(13)) + [20, 22]
+    # A two-id run across the blocks' edge (15, 16): short.
+    counted, starts, short_starts, long_index, positions = marks(list(range(15)) + [40] * 2 + [41] * 5, [0, 22])
+    assert short_starts == list(range(16)) and long_index == [16] and positions[2:] == [[0, 16], [0, 1]]
+    # A run of 8 from 12 (on into block 1): not short; a short run after it, up to the end.
+    counted, starts, short_starts, long_index, positions = marks(list(range(12)) + [30] * 8 + [31] * 2, [0, 22])
+    assert short_starts == list(range(12)) + [20] and long_index == [12] and starts == list(range(13)) + [20, 22]
 
 
 @pytest.mark.gpu

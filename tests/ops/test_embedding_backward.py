@@ -154,18 +154,13 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
     [("chunk_elements", 3), ("segment_ids", 1), ("fan_in", 6), ("chunk_warps", 3), ("loop_programs_per_sm", 0),
      ("chunk_mode", "every"), ("design", "runs"), ("piece_ids", 48), ("piece_elements", 1), ("piece_warps", 32),
      ("tree_warps", 0), ("piece_programs_per_sm", -1), ("piece_unroll", 32), ("piece_order", True),
-     ("piece_lanes", 3), ("piece_lanes", 256), ("piece_lanes", 1), ("piece_short", -1), ("piece_short", 128), ("piece_short", 6),
+     ("piece_lanes", 3), ("piece_lanes", 256), ("piece_lanes", 1), ("piece_short", -1), ("piece_short", 6),
      ("short_lanes", 0), ("short_lanes", 48), ("short_elements", 96), ("short_warps", 3),
      ("short_programs_per_sm", -2)],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):
         RunsLaunch(**{field: value})
-
-
-def test_short_runs_apart_cannot_be_ordered():
-    with pytest.raises(ValueError, match="RunsLaunch.piece_short cannot be combined with piece_order"):
-        RunsLaunch(piece_short=4, piece_records=True, piece_order=True)
 
 
 def test_per_sample_weight_gradient():

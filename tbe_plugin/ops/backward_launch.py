@@ -208,9 +208,16 @@ class RunsLaunch:
     short_warps: int = 1
     short_programs_per_sm: int = 32
     short_max_tile: int = 256
-    """``piece_short``: classes of wider column tiles take their short runs with their own
-    pieces sizes (no lanes): H200 at 444f209, wide-d512-fp16's kernels 2.05 ms without the
-    short launch, 2.16-2.34 with it (4-warp programs whose lanes meet in shared memory)."""
+    """``piece_short``: classes of wider column tiles take all their pieces from the piece
+    list as without it: H200 at 444f209, wide-d512-fp16's kernels 2.05 ms without the short
+    launch, 2.16-2.34 with it (4-warp programs whose lanes meet in shared memory); at
+    0020964, their short runs apart with the class's own sizes, 2.08 -> 2.27 (the pieces
+    kernel 1.72 -> 1.90)."""
+    short_two_states: bool = False
+    """``piece_short`` also for the optimizers of two state tensors (ADAM, PARTIAL_ROWWISE_ADAM,
+    LAMB): H200 at 0020964 (suite, uniform b8192, backward ms, 1adc462 without -> with)
+    ADAM 5.12 -> 6.33, PARTIAL_ROWWISE_ADAM 4.34 -> 5.09, LAMB 5.29 -> 6.15, while SGD
+    2.90 -> 2.18, EXACT_ADAGRAD 3.77 -> 3.44, EXACT_ROWWISE_ADAGRAD 3.02 -> 2.54."""
     piece_fit: bool = False
     """``pieces`` with ``piece_programs_per_sm``: no more looping programs a multiprocessor than
     fit on one at once, from the compiled kernel's registers and warps (learned at its first
@@ -335,7 +342,8 @@ class RunsLaunch:
 
     def _short_sizes(self, block_d: int, runs: int, piece_warps: int) -> dict:
         """``ClassLaunch``'s short_* sizes: the short launch's, or the class's own pieces sizes
-        (no lanes) at tiles wider than ``short_max_tile``."""
+        with no lanes at tiles wider than ``short_max_tile`` (which marks a class that takes
+        no short launch)."""
         if block_d > self.short_max_tile:
             return dict(short_runs=runs, short_lanes=0, short_warps=piece_warps)
         short_runs = max(1, self.short_elements // block_d)

@@ -16,6 +16,7 @@ from tbe_plugin.ops.backward_pieces import (
     _pieces_kernel,
 )
 from tbe_plugin.ops.common import cdiv
+from tbe_plugin.ops.optimizers import Optimizer
 from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
 
 def resident_programs(n_regs: int, warps: int, regs_per_sm: int = 65536, warps_per_sm: int = 64) -> int:
@@ -39,6 +40,9 @@ def _record_resident(key, compiled, device: torch.device, warps: int) -> None:
         _RESIDENT[key] = resident_programs(n_regs, warps, getattr(props, "regs_per_multiprocessor", 65536),
                                            warps_per_sm)  # fmt: skip
 
+
+# Optimizers of two state tensors, which take no short launch unless RunsLaunch.short_two_states.
+TWO_STATES = frozenset((Optimizer.ADAM, Optimizer.PARTIAL_ROWWISE_ADAM, Optimizer.LAMB))
 
 MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
 MARKS_WARPS = 8  # 4 positions a thread (ptxas sm_90: 4 warps took up to 146 registers with the records)
@@ -96,9 +100,11 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     cells = N // piece + 1
     blocks = cdiv(N + 1, MARKS_BLOCK)
     # Short runs listed apart (int32 piece indices: batches of fewer than 2**31 ids; not with
-    # the ordered list, which their indices do not follow).
+    # the ordered list, which their indices do not follow; not for optimizers of two states
+    # unless asked: ``RunsLaunch.short_two_states``).
     ordered = launch.piece_order and pooled
-    short = min(launch.piece_short, piece) if N + cells + 1 < 2**31 and not ordered else 0
+    two_states = args.optimizer in TWO_STATES and not launch.short_two_states
+    short = min(launch.piece_short, piece) if N + cells + 1 < 2**31 and not ordered and not two_states else 0
     # Pieces per block, then multi runs (then short runs) per block: one vector, so that its
     # running totals are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor
     # serially: 1.5 ms at ctr-mix's 22k blocks, H200, e45a0a4).
@@ -143,7 +149,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
         common = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, UNROLL=sizes.piece_unroll,
                       GRAD_CELL=grad_cell is not None, **modes)  # fmt: skip
         tail = (_cell_argument(grad_cell, grad_output),)
-        if short:  # short runs first: a piece a lane, one warp, their own grid
+        if short and sizes.short_lanes:  # short runs first: a piece a lane, one warp, their own grid
             short_index, long_index, class_short_pos, class_long_pos = split
             _launch_piece_class(operands, (piece_starts, class_short_pos), after, klass, records, stops,
                                 tail + (short_index,), rows, sizes.short_runs, sizes.short_lanes, sizes.short_warps,
@@ -154,7 +160,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
                                 tail + (long_index,), rows + cells, sizes.piece_runs, sizes.piece_lanes,
                                 sizes.piece_warps, launch.piece_programs_per_sm, launch.piece_fit, sms, device,
                                 dict(common, RECORDS=launch.piece_records, STOPS=False, INDIRECT=True))  # fmt: skip
-        else:
+        else:  # every piece of the class from the piece list (tiles wider than short_max_tile: its own sizes)
             _launch_piece_class(operands, (piece_list, class_piece_pos), after, klass, records, stops,
                                 tail + (piece_list,), rows + cells, sizes.piece_runs, sizes.piece_lanes,
                                 sizes.piece_warps, launch.piece_programs_per_sm, launch.piece_fit, sms, device,

@@ -241,6 +241,35 @@ def test_piece_marks_list_short_runs_apart():
     assert short_starts == list(range(12)) + [20] and long_index == [12] and starts == list(range(13)) + [20, 22]
 
 
+@pytest.mark.parametrize("optimizer, short_two_states, expected", [
+    ("EXACT_ROWWISE_ADAGRAD", False, ["short", "others", "all"]),
+    ("ADAM", False, ["all", "all"]),
+    ("ADAM", True, ["short", "others", "all"]),
+])  # fmt: skip
+def test_short_launch_by_optimizer_and_tile(monkeypatch, optimizer, short_two_states, expected):
+    """``piece_short`` (the default): a class of tiles up to ``short_max_tile`` takes its short
+    runs and its other pieces in two launches, a wider class all its pieces from the piece
+    list; optimizers of two states (ADAM here) take no short launch unless
+    ``short_two_states``. Tiles 8 and 256 here (short_max_tile 16), each run summed as the
+    reference does."""
+    from tbe_plugin.ops import pieces_launch
+
+    kinds = []
+    launch_class = pieces_launch._launch_piece_class
+
+    def spy(*args, **kwargs):
+        indirect, lanes = args[-1]["INDIRECT"], args[9]  # (PIECES: no lanes but the short launch's)
+        kinds.append("all" if not indirect else "short" if lanes else "others")
+        return launch_class(*args, **kwargs)
+
+    monkeypatch.setattr(pieces_launch, "_launch_piece_class", spy)
+    specs = [(23, 8), (9, 200)]
+    emb = build(optimizer, specs=specs, ftm=[0, 1], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(PIECES, short_max_tile=16, short_two_states=short_two_states)
+    train_and_compare(emb, optimizer, steps=1, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert kinds == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
 def test_pieces_design_on_cuda(optimizer):

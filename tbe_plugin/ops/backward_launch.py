@@ -207,6 +207,11 @@ class RunsLaunch:
     short_elements: int = 128
     short_warps: int = 1
     short_programs_per_sm: int = 32
+    short_fit: bool = True
+    """``piece_short``: the short launch's grid cut to the programs that fit a multiprocessor
+    (``piece_fit``'s mechanism, for that launch alone): its 32 one-warp programs a
+    multiprocessor need 64 registers or fewer, which ptxas gives at D=128 (62-64, every
+    optimizer) but not at D=16 (fp16 rowwise: 96, 21 fit). Not timed."""
     short_max_tile: int = 256
     """``piece_short``: classes of wider column tiles take all their pieces from the piece
     list as without it: H200 at 444f209, wide-d512-fp16's kernels 2.05 ms without the short

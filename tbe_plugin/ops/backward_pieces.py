@@ -304,7 +304,8 @@ def _pieces_kernel(
                 _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr, momentum1_ptr,
                              momentum2_ptr, cell_sums_ptr, head_slots, slot_stride, step_ptr, hyper_ptr,
                              tl.gather(starts, at, 0), tl.gather(lengths, at, 0), tl.gather(flag_lanes, at, 0),
-                             tl.gather(rows, at, 0), tl.gather(dims, at, 0), tl.gather(w_starts, at, 0),
+                             tl.gather(rows, at, 0), tl.gather(dims, at, 0) // ALIGN * ALIGN,
+                             tl.gather(w_starts, at, 0) // ALIGN * ALIGN,
                              tl.gather(g_firsts, at, 0), tl.gather(s_firsts, at, 0), cols, SCALED, OPTIMIZER,
                              WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN, PIECE, RUNS, BLOCK_D, UNROLL,
                              BARRIER)  # fmt: skip

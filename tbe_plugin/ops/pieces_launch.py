@@ -153,8 +153,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
             short_index, long_index, class_short_pos, class_long_pos = split
             _launch_piece_class(operands, (piece_starts, class_short_pos), after, klass, records, stops,
                                 tail + (short_index,), rows, sizes.short_runs, sizes.short_lanes, sizes.short_warps,
-                                launch.short_programs_per_sm if sizes.short_lanes else launch.piece_programs_per_sm,
-                                launch.piece_fit, sms, device,
+                                launch.short_programs_per_sm, launch.piece_fit or launch.short_fit, sms, device,
                                 dict(common, RECORDS=launch.piece_records, STOPS=False, INDIRECT=True))  # fmt: skip
             _launch_piece_class(operands, (piece_starts, class_long_pos), after, klass, records, stops,
                                 tail + (long_index,), rows + cells, sizes.piece_runs, sizes.piece_lanes,

@@ -68,14 +68,14 @@ def test_forward_heuristic_does_not_spill_16_bit_rows(compiled):
 
 def test_warp_forward_stays_in_registers(compiled):
     """The warp-a-bag forward (``ops.forward_warp``, FLAT 4 the heuristic's tile for bags of
-    128-column rows averaging more than 12 ids, fp32 and fp16) holds each id on one lane: at most 128
-    registers a thread (ptxas sm_90: 60-72, against the lockstep tile's 255 with 112 bytes of
-    spills), no spills without per-sample weights (fp16 with them: 8-64 bytes), and each lane
-    reads its 4 columns of a row in one load (16 bytes fp32, 8 bytes fp16); FLAT 4's lean
-    rows included."""
+    128-column rows averaging more than 12 ids, fp32, fp16 and since 444f209 bf16) holds each id
+    on one lane: at most 128 registers a thread (ptxas sm_90: 60-80, against the lockstep tile's
+    255 with 112 bytes of spills), no spills without per-sample weights (fp16 with them: 8-64
+    bytes), and each lane reads its 4 columns of a row in one load (16 bytes fp32, 8 bytes for
+    16-bit rows); FLAT 4's lean rows included."""
     warp = [r for r in compiled if r["kernel"] == "_warp_pooled_forward_kernel"]
-    assert {r["weights"] for r in warp} == {"*fp32", "*fp16"}, warp
-    width = {"*fp32": "ld.global.v4.b32", "*fp16": "ld.global.v2.b32"}
+    assert {r["weights"] for r in warp} == {"*fp32", "*fp16", "*bf16"}, warp
+    width = {"*fp32": "ld.global.v4.b32", "*fp16": "ld.global.v2.b32", "*bf16": "ld.global.v2.b32"}
     bad = [r for r in warp if r.get("registers", 999) > 128 or r["global_ops"].get(width[r["weights"]], 0) == 0
            or (not r["constexprs"]["WEIGHTED"] and r.get("stack_bytes", 1) > 0)]  # fmt: skip
     assert not bad, json.dumps(bad, indent=1)[:4000]
@@ -87,6 +87,22 @@ def test_pieces_kernel_stays_in_registers(compiled):
     sm_90: 47-72 when measured; 16 two-warp programs a multiprocessor need 64 or fewer)."""
     heavy = [r for r in compiled if r["kernel"] == "_pieces_kernel" and r.get("registers", 0) > 96]
     assert not heavy, json.dumps(heavy, indent=1)[:4000]
+
+
+def test_pieces_kernel_updates_rows_with_vector_stores(compiled):
+    """Every pieces-kernel variant writes its updated rows 16 bytes a store for fp32 (8 for
+    fp16: 4 columns a thread), the short launch's too: a row start and D taken from another
+    lane (``tl.gather``) prove no alignment, and until they were written as multiples of
+    ALIGN again the short launch stored its rows 4 bytes a store and, with ADAM's two state
+    rows, took 83 registers against 64 (sm_90; 23 of its 32 programs a multiprocessor fit)."""
+    records = [r for r in compiled if r["kernel"] == "_pieces_kernel" and "global_ops" in r]
+    assert any(r["constexprs"]["LANES"] and r["constexprs"]["INDIRECT"] and r["weights"] == "*fp32" for r in records)
+    wide = {"*fp32": "st.global.v4.b32", "*fp16": "st.global.v2.b32"}
+    scalar = [r for r in records if r["global_ops"].get(wide.get(r["weights"], "?"), 0) == 0]
+    assert not scalar, json.dumps(scalar, indent=1)[:4000]
+    short = [r for r in records if r["constexprs"]["LANES"] and r["constexprs"]["INDIRECT"]
+             and r["constexprs"]["BLOCK_D"] == 128]  # fmt: skip
+    assert short and all(r["registers"] <= 64 for r in short), json.dumps(short, indent=1)[:4000]
 
 
 def test_row_gathers_are_vector_loads(compiled):

@@ -113,6 +113,10 @@ CANDIDATES = {
     # with the default's (RunsLaunch.piece_short): lanes32_w1_fit won on uniform ids (runs of 1-3)
     # and lost on skewed ones (most ids in long runs) at 667690e.
     "noshort": _launch(piece_short=0),
+    # The short launch for ADAM, PARTIAL_ROWWISE_ADAM and LAMB too (at 0020964 it lost there with
+    # 83 registers and 4-byte row stores, since 64c2a4c 64 registers and 16-byte stores).
+    "short_two": _launch(short_two_states=True),
+    "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),
     "short32": _launch(piece_short=32),
     "short8_w1_p32": _launch(piece_short=8, piece_elements=128, piece_warps=1, piece_programs_per_sm=32),

@@ -16,6 +16,6 @@ timeout ${TESTS_TIMEOUT:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -rs
 echo "=== backward candidates $(date +%T)"
 timeout ${PROFILE_TIMEOUT:-120} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
   --configs "${CONFIGS:-b8192,ctr-dlrm,ctr-mix,wide-d512-fp16}" --optimizers EXACT_ROWWISE_ADAGRAD,ADAM,LAMB \
-  --candidates "${CANDIDATES:-default,noshort,short_two,short_nofit}" --iters 5 2>&1 \
+  --candidates "${CANDIDATES:-default,noshort,short_two,short_two_w2,short_nofit}" --iters 5 2>&1 \
   | grep -v "no entry for\|compatibility\|UserWarning\|run_backward" | tee -a "$OUT/run.log" | tail -40
 TESTS=0 PLANTED=0 TUNE=0 bash "$(dirname "$0")/device_head.sh"

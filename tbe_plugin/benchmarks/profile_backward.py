@@ -116,6 +116,7 @@ CANDIDATES = {
     # The short launch for ADAM, PARTIAL_ROWWISE_ADAM and LAMB too (at 0020964 it lost there with
     # 83 registers and 4-byte row stores, since 64c2a4c 64 registers and 16-byte stores).
     "short_two": _launch(short_two_states=True),
+    "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),
     "short32": _launch(piece_short=32),

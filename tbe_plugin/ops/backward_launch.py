@@ -71,7 +71,7 @@ class ClassLaunch:
     short_runs: int = 1
     """``RunsLaunch.piece_short``: short pieces a group of the short runs' launch."""
     short_lanes: int = 0
-    """... their pieces a round, loaded a piece a lane (0: short_runs)."""
+    """... their pieces a round, loaded a piece a lane (0: the class takes no short launch)."""
     short_warps: int = 1
     """... warps of its programs."""
 
@@ -186,7 +186,8 @@ class RunsLaunch:
     """``pieces``: 0, or pieces a round of a pieces program (a power of two, 2 to 128, raised
     to RUNS where smaller) whose operands are loaded one piece a lane and then summed RUNS at
     a time (``_pieces_kernel``'s LANES): one round of dependent operand loads for the whole
-    round instead of one for every RUNS pieces. Not timed yet (CPU-tested bitwise)."""
+    round instead of one for every RUNS pieces. H200 at 667690e: faster on uniform ids, slower
+    on skewed ones over every piece; the short runs' launch uses it (``piece_short``)."""
     piece_short: int = 16
     """``pieces``: 0, or the most ids of a run (a power of two; ``piece_ids`` at most, fewer
     taken as ``piece_ids``; off under ``piece_order``, whose list it does not index) that the
@@ -229,7 +230,8 @@ class RunsLaunch:
     launch; ``pieces_launch.resident_programs``). At 16 two-warp programs, a kernel of
     more than 64 registers a thread leaves programs for a second wave that runs alone (sm_90:
     fp16 rows of D=128 66 registers, 14 fit; D=512 on 4 warps 92, 5 fit; ``piece_lanes`` 93,
-    10 fit). Not timed yet."""
+    10 fit). H200 at 667690e: within noise of the default launch (ctr-dlrm 3.22 against 3.16
+    ms, ctr-mix 4.84 against 4.93); on for the short launch alone (``short_fit``)."""
     piece_order: bool = False
     """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:
@@ -343,14 +345,13 @@ class RunsLaunch:
                            piece_runs=runs, piece_warps=piece_warps, tree_warps=tree_warps,
                            piece_unroll=unroll,
                            piece_lanes=max(self.piece_lanes, runs) if self.piece_lanes else 0,
-                           **self._short_sizes(block_d, runs, piece_warps))  # fmt: skip
+                           **self._short_sizes(block_d))  # fmt: skip
 
-    def _short_sizes(self, block_d: int, runs: int, piece_warps: int) -> dict:
-        """``ClassLaunch``'s short_* sizes: the short launch's, or the class's own pieces sizes
-        with no lanes at tiles wider than ``short_max_tile`` (which marks a class that takes
-        no short launch)."""
+    def _short_sizes(self, block_d: int) -> dict:
+        """``ClassLaunch``'s short_* sizes: the short launch's, or none (short_lanes 0: the
+        class takes no short launch) at tiles wider than ``short_max_tile``."""
         if block_d > self.short_max_tile:
-            return dict(short_runs=runs, short_lanes=0, short_warps=piece_warps)
+            return {}
         short_runs = max(1, self.short_elements // block_d)
         return dict(short_runs=short_runs, short_lanes=max(self.short_lanes, short_runs),
                     short_warps=min(16, max(self.short_warps, short_runs * block_d // 128)))

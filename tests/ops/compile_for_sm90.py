@@ -282,14 +282,14 @@ def pieces_variants():
                             yield kernel, dict(constexprs, LANES=32, RUNS=1, BARRIER=False), 1, weights, "*i32"
                         # RunsLaunch.piece_short: the short runs' launch and the other pieces' (both through
                         # indices into the piece list)
-                        short = launch.for_block_d(block_d)
-                        yield kernel, dict(constexprs, LANES=short.short_lanes, RUNS=short.short_runs, INDIRECT=True,
-                                           BARRIER=short.short_warps > 1), short.short_warps, weights, "*i32"  # fmt: skip
+                        if sizes.short_lanes:  # (tiles wider than short_max_tile take no short launch)
+                            yield kernel, dict(constexprs, LANES=sizes.short_lanes, RUNS=sizes.short_runs,
+                                               INDIRECT=True, BARRIER=sizes.short_warps > 1), sizes.short_warps, \
+                                weights, "*i32"  # fmt: skip
                         yield kernel, dict(constexprs, INDIRECT=True), sizes.piece_warps, weights, "*i32"
                     if block_d == 128 and optimizer == 3:  # the short launch with two state rows (ADAM)
-                        short = launch.for_block_d(block_d)
-                        yield kernel, dict(constexprs, LANES=short.short_lanes, RUNS=short.short_runs, INDIRECT=True,
-                                           BARRIER=short.short_warps > 1), short.short_warps, weights, "*i32"  # fmt: skip
+                        yield kernel, dict(constexprs, LANES=sizes.short_lanes, RUNS=sizes.short_runs, INDIRECT=True,
+                                           BARRIER=sizes.short_warps > 1), sizes.short_warps, weights, "*i32"  # fmt: skip
                 else:
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \

@@ -114,8 +114,10 @@ CANDIDATES = {
     # and lost on skewed ones (most ids in long runs) at 667690e.
     "noshort": _launch(piece_short=0),
     # The short launch for ADAM, PARTIAL_ROWWISE_ADAM and LAMB too (at 0020964 it lost there with
-    # 83 registers and 4-byte row stores, since 64c2a4c 64 registers and 16-byte stores).
+    # 83 registers and 4-byte row stores; since 64c2a4c 64 registers and 16-byte stores, and it
+    # won at 246ec7c: the default since) and without them (the default before).
     "short_two": _launch(short_two_states=True),
+    "short_two_off": _launch(short_two_states=False),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),

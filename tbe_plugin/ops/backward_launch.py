@@ -219,11 +219,14 @@ class RunsLaunch:
     launch, 2.16-2.34 with it (4-warp programs whose lanes meet in shared memory); at
     0020964, their short runs apart with the class's own sizes, 2.08 -> 2.27 (the pieces
     kernel 1.72 -> 1.90)."""
-    short_two_states: bool = False
+    short_two_states: bool = True
     """``piece_short`` also for the optimizers of two state tensors (ADAM, PARTIAL_ROWWISE_ADAM,
-    LAMB): H200 at 0020964 (suite, uniform b8192, backward ms, 1adc462 without -> with)
-    ADAM 5.12 -> 6.33, PARTIAL_ROWWISE_ADAM 4.34 -> 5.09, LAMB 5.29 -> 6.15, while SGD
-    2.90 -> 2.18, EXACT_ADAGRAD 3.77 -> 3.44, EXACT_ROWWISE_ADAGRAD 3.02 -> 2.54."""
+    LAMB). H200 at 0020964 it lost there (suite, uniform b8192, backward ms, 1adc462 without
+    -> with: ADAM 5.12 -> 6.33, PARTIAL_ROWWISE_ADAM 4.34 -> 5.09, LAMB 5.29 -> 6.15): 83
+    registers and 4-byte row stores. Since 64c2a4c (64 registers, 16-byte stores) it wins:
+    H200 at 246ec7c, the suite in one process per setting, off -> on (FBGEMM 6.85, 5.87,
+    7.39): ADAM 5.10 -> 4.73, PARTIAL_ROWWISE_ADAM 4.29 -> 3.87, LAMB 5.21 -> 4.85; on
+    two-warp short programs (``short_warps`` 2, 16 a multiprocessor) 5.8-5.5 ms, worse."""
     piece_fit: bool = False
     """``pieces`` with ``piece_programs_per_sm``: no more looping programs a multiprocessor than
     fit on one at once, from the compiled kernel's registers and warps (learned at its first

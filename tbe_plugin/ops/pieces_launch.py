@@ -41,7 +41,7 @@ def _record_resident(key, compiled, device: torch.device, warps: int) -> None:
                                            warps_per_sm)  # fmt: skip
 
 
-# Optimizers of two state tensors, which take no short launch unless RunsLaunch.short_two_states.
+# Optimizers of two state tensors, which take no short launch when RunsLaunch.short_two_states is off.
 TWO_STATES = frozenset((Optimizer.ADAM, Optimizer.PARTIAL_ROWWISE_ADAM, Optimizer.LAMB))
 
 MARKS_BLOCK = 1024  # positions per program of _piece_marks_kernel
@@ -100,8 +100,8 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     cells = N // piece + 1
     blocks = cdiv(N + 1, MARKS_BLOCK)
     # Short runs listed apart (int32 piece indices: batches of fewer than 2**31 ids; not with
-    # the ordered list, which their indices do not follow; not for optimizers of two states
-    # unless asked: ``RunsLaunch.short_two_states``).
+    # the ordered list, which their indices do not follow; for optimizers of two states only
+    # with ``RunsLaunch.short_two_states``, the default).
     ordered = launch.piece_order and pooled
     two_states = args.optimizer in TWO_STATES and not launch.short_two_states
     short = min(launch.piece_short, piece) if N + cells + 1 < 2**31 and not ordered and not two_states else 0

@@ -249,8 +249,8 @@ def test_piece_marks_list_short_runs_apart():
 def test_short_launch_by_optimizer_and_tile(monkeypatch, optimizer, short_two_states, expected):
     """``piece_short`` (the default): a class of tiles up to ``short_max_tile`` takes its short
     runs and its other pieces in two launches, a wider class all its pieces from the piece
-    list; optimizers of two states (ADAM here) take no short launch unless
-    ``short_two_states``. Tiles 8 and 256 here (short_max_tile 16), each run summed as the
+    list; optimizers of two states (ADAM here) take the short launch too unless
+    ``short_two_states`` is off. Tiles 8 and 256 here (short_max_tile 16), each run summed as the
     reference does."""
     from tbe_plugin.ops import pieces_launch
 

@@ -42,6 +42,8 @@ POOLING_LAWS = ("fixed", "poisson")
 POOLING_MODES = ("sum", "mean")
 HOT_ROW_FRACTION = 0.01
 """``skew_stats``' "hot" rows: this fraction of each table's rows, the most frequent first."""
+TOP_ROWS = (16, 64, 256)
+"""Row counts per table whose share of the lookups ``skew_stats`` reports (``top_rows_share``)."""
 CTR_MIX_MAX_WEIGHT_BYTES = 25 * 10**9
 """``ctr_mix`` refuses table sets whose weights exceed this at their precision: ours and
 FBGEMM's copies plus rowwise-Adagrad states and a batch must fit one 141 GB H200."""
@@ -440,7 +442,10 @@ def skew_stats(workload: Workload, indices: torch.Tensor, offsets: torch.Tensor)
     ``lookups``: ids in the batch; ``distinct_fraction``: distinct (table, row) pairs /
     lookups; ``hot1pct_share``: share of the lookups that hit the ceil(HOT_ROW_FRACTION * E_t)
     most frequent rows of each table t in this batch; ``max_run``: most lookups of one row;
-    ``distinct_per_table``: distinct rows of each table. ``workload`` may be anything with
+    ``distinct_per_table``: distinct rows of each table; ``top_rows_share``: for K in
+    ``TOP_ROWS`` (a string key each), the share of the lookups that hit the K most frequent
+    rows of each table (what a path that treats a fixed number of hot rows per table apart
+    would take over). ``workload`` may be anything with
     ``name``, ``num_tables``, ``batch_size`` and ``rows`` (the benchmarks' configs are).
     """
     bounds = offsets[:: workload.batch_size].tolist()
@@ -448,6 +453,7 @@ def skew_stats(workload: Workload, indices: torch.Tensor, offsets: torch.Tensor)
         raise ValueError(f"offsets has {offsets.numel()} entries; workload {workload.name} needs "
                          f"{workload.num_tables * workload.batch_size + 1}")
     distinct, hot, max_run = [], 0, 0
+    top = dict.fromkeys(TOP_ROWS, 0)
     for t, rows in enumerate(workload.rows):
         ids = indices[bounds[t] : bounds[t + 1]]
         if ids.numel() == 0:
@@ -458,9 +464,13 @@ def skew_stats(workload: Workload, indices: torch.Tensor, offsets: torch.Tensor)
         hottest = min(math.ceil(HOT_ROW_FRACTION * rows), counts.numel())
         hot += int(torch.topk(counts, hottest, sorted=False).values.sum())
         max_run = max(max_run, int(counts.max()))
+        descending = torch.sort(counts, descending=True).values
+        for k in TOP_ROWS:
+            top[k] += int(descending[:k].sum())
     lookups = indices.numel()
     return {"lookups": lookups, "distinct_fraction": sum(distinct) / max(lookups, 1),
-            "hot1pct_share": hot / max(lookups, 1), "max_run": max_run, "distinct_per_table": distinct}
+            "hot1pct_share": hot / max(lookups, 1), "max_run": max_run, "distinct_per_table": distinct,
+            "top_rows_share": {str(k): v / max(lookups, 1) for k, v in top.items()}}
 
 
 def _log_uniform_rows(rng: np.random.Generator, count: int, low: float, high: float) -> np.ndarray:

@@ -211,6 +211,13 @@ def test_skew_stats_counts_a_known_batch():
     assert stats["distinct_fraction"] == pytest.approx(6 / 10)
     # hottest 1 row of table 0 (row 5: 4 lookups) and 3 rows of table 1 (9, 9, 8, 7: 4 lookups).
     assert stats["hot1pct_share"] == pytest.approx(8 / 10)
+    # every table has at most 3 distinct rows: the 16, 64 and 256 hottest of each take every lookup.
+    assert stats["top_rows_share"] == {"16": 1.0, "64": 1.0, "256": 1.0}
+    # 20 distinct rows once each and row 7 twenty times: the 16 hottest take 20 + 15 of 40.
+    wide = Workload("wide", (TableWorkload(rows=100, dim=4, mean_pooling=40),), batch_size=1)
+    ids = torch.cat([torch.full((20,), 7), torch.arange(20, 40)])
+    share = skew_stats(wide, ids, torch.tensor([0, 40]))["top_rows_share"]
+    assert share["16"] == pytest.approx(35 / 40) and share["64"] == 1.0
     with pytest.raises(ValueError, match="offsets"):
         skew_stats(workload, indices, offsets[:3])
 

@@ -14,6 +14,8 @@ the table's (B x D) columns of the output gradient. This times, with CUDA events
 - ``product_ms``: the products for all tables (``torch.bmm``, fp32, TF32 off: full fp32
   products summed in a fixed order, so bitwise repeatable, though not in the pieces kernel's
   order); ``product_tf32_ms`` with TF32 on, a bound only (its rounding is not fp32's);
+- ``product_triton_ms``: the same sums by ``ops.hot_product.hot_sums`` (fp32 dots in a fixed
+  order) under each of ``TRITON_SIZES``, after a check against the fp64 product;
 - the bytes the pieces kernel gathers for those lookups (each one's D x 4-byte gradient row),
   which the product would replace, and the ids the sort would no longer see.
 
@@ -29,6 +31,7 @@ import statistics
 import torch
 
 from tbe_plugin.benchmarks.report import git_state
+from tbe_plugin.ops.hot_product import hot_sums
 from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
 SMOKE = Workload("smoke-hot", tuple(TableWorkload(rows=500, dim=8, mean_pooling=6, alpha=1.2) for _ in range(3)),
@@ -89,6 +92,40 @@ def _median_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
+# ops.hot_product sizes timed: (split_b, block_b, block_d, num_warps).
+TRITON_SIZES = ((1024, 32, 64, 4), (512, 32, 64, 4), (2048, 32, 64, 4), (1024, 64, 64, 4), (1024, 32, 128, 4),
+                (1024, 32, 128, 8), (256, 32, 64, 4))  # fmt: skip
+
+
+def _triton_sizes(counts: torch.Tensor, grad: torch.Tensor, D: int, iters: int, device: torch.device) -> dict:
+    """Median ms of ``ops.hot_product.hot_sums`` per size in TRITON_SIZES (checked against the
+    fp64 product first; a size that disagrees or fails to run is left out with its reason)."""
+    if counts.shape[1] < 16:
+        return {}
+    T = counts.shape[0]
+    col_offsets = torch.arange(T, device=device) * D
+    dims = torch.full((T,), D, device=device)
+    want = torch.bmm(counts.double(), grad.double().view(grad.shape[0], T, D).transpose(0, 1))
+    out = {}
+    for sizes in TRITON_SIZES if device.type == "cuda" else TRITON_SIZES[-1:]:
+        key = "x".join(map(str, sizes))
+        split_b, block_b, block_d, warps = sizes
+
+        def run():
+            return hot_sums(counts, grad, col_offsets, dims, split_b, block_b, block_d, warps)
+
+        try:
+            err = (run().double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+        except Exception as exc:  # noqa: BLE001 -- a size that does not compile is reported, not fatal
+            out[key + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        if err > 1e-5:
+            out[key + "_error"] = f"relative error {err:.2e}"
+            continue
+        out[key] = _median_ms(run, iters)
+    return {k: v for k, v in out.items() if not isinstance(v, float) or v == v}
+
+
 def probe(workload: Workload, tops: list[int], iters: int, device: torch.device) -> dict:
     dims = {table.dim for table in workload.tables}
     if len(dims) != 1:
@@ -110,13 +147,15 @@ def probe(workload: Workload, tops: list[int], iters: int, device: torch.device)
         torch.backends.cuda.matmul.allow_tf32 = True
         tf32_ms = _median_ms(lambda: hot_products(counts, grad), iters)
         torch.backends.cuda.matmul.allow_tf32 = False
+        triton_ms = _triton_sizes(counts, grad, D, iters, device)
         entries.append({"top": top, "hot_lookups": hot, "share": hot / indices.numel(),
                         "gather_bytes_replaced": hot * D * 4, "count_ms": _median_ms(count, iters),
-                        "product_ms": product_ms, "product_tf32_ms": tf32_ms,
+                        "product_ms": product_ms, "product_tf32_ms": tf32_ms, "product_triton_ms": triton_ms,
                         "product_flops": 2 * T * top * B * D})  # fmt: skip
+        best = min(triton_ms.items(), key=lambda kv: kv[1]) if triton_ms else ("-", float("nan"))
         print(f"top {top}: {hot / indices.numel():.1%} of {indices.numel()} lookups, gather replaced "
               f"{hot * D * 4 / 1e9:.2f} GB; count {entries[-1]['count_ms']:.3f} ms, product {product_ms:.3f} ms "
-              f"(tf32 {tf32_ms:.3f})", flush=True)  # fmt: skip
+              f"(tf32 {tf32_ms:.3f}; ops.hot_product best {best[1]:.3f} at {best[0]})", flush=True)  # fmt: skip
     return {"git": git_state(), "device": str(device), "workload": workload.name, "lookups": indices.numel(),
             "tables": T, "batch_size": B, "dim": D, "entries": entries}  # fmt: skip
 

@@ -1,0 +1,42 @@
+"""ops.hot_product: hot rows' gradient sums as a count-matrix product, in a fixed order."""
+
+import pytest
+import torch
+
+from tbe_plugin.ops.hot_product import hot_sums
+
+
+def _case(F=3, K=16, B=150, dims=(8, 24, 16), seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 4, (F, K, B), generator=generator).float()
+    counts[1, 5] = 0  # a slot whose row sits in no bag
+    grad = torch.randn(B, sum(dims), generator=generator)
+    col_offsets = torch.tensor([0, dims[0], dims[0] + dims[1]])
+    return counts, grad, col_offsets, torch.tensor(dims)
+
+
+def test_hot_sums_match_the_product_per_feature():
+    """Mixed D, B not a multiple of the slices or the bag blocks, an empty slot: each feature's
+    rows are counts @ its columns (fp64 reference), zero past its D; two calls bitwise equal."""
+    counts, grad, col_offsets, dims = _case()
+    got = hot_sums(counts, grad, col_offsets, dims, split_b=64, block_b=32, block_d=16)
+    assert got.shape == (3, 16, 24)
+    for f in range(3):
+        cols = grad[:, int(col_offsets[f]) : int(col_offsets[f] + dims[f])].double()
+        want = counts[f].double() @ cols
+        torch.testing.assert_close(got[f, :, : int(dims[f])].double(), want, rtol=1e-5, atol=1e-5)
+        assert not got[f, :, int(dims[f]) :].any()
+    assert not got[1, 5].any()
+    assert torch.equal(got, hot_sums(counts, grad, col_offsets, dims, split_b=64, block_b=32, block_d=16))
+
+
+def test_hot_sums_reject_bad_shapes():
+    counts, grad, col_offsets, dims = _case()
+    with pytest.raises(ValueError, match="power of two"):
+        hot_sums(counts[:, :12], grad, col_offsets, dims)
+    with pytest.raises(ValueError, match="fp32"):
+        hot_sums(counts.double(), grad, col_offsets, dims)
+    with pytest.raises(ValueError, match="grad must be"):
+        hot_sums(counts, grad[:10], col_offsets, dims)
+    with pytest.raises(ValueError, match="multiple of block_b"):
+        hot_sums(counts, grad, col_offsets, dims, split_b=48, block_b=32)

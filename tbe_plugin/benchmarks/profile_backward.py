@@ -118,6 +118,10 @@ CANDIDATES = {
     # won at 246ec7c: the default since) and without them (the default before).
     "short_two": _launch(short_two_states=True),
     "short_two_off": _launch(short_two_states=False),
+    # Each feature's 16 (64) hottest rows summed apart as counts times the output gradient
+    # (RunsLaunch.hot_rows; eager batches of 2**20 ids or more, pooled SUM, unweighted).
+    "hot16": _launch(hot_rows=16),
+    "hot64": _launch(hot_rows=64),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),

@@ -277,6 +277,23 @@ class RunsLaunch:
     0.34-0.36."""
     radix_sizes: RadixSizes = RadixSizes()
     """``radix_sort``: the sort's launch sizes."""
+    hot_rows: int = 0
+    """Candidate (off; 0): the ``hot_rows`` most frequent rows of each feature (a power of two
+    from 16 to 256), chosen from an even sample of its ids (``hot_sample`` a feature), are
+    summed apart: the positions kernel counts how often each sits in each bag (fp32 atomics
+    of 1.0, exact integers, so the counts are the same whatever the order) and gives their
+    ids the sentinel row (the sort puts them last, the pieces kernels skip them); their
+    gradients are the counts times the feature's output-gradient columns
+    (``hot_product.hot_sums``, fixed order) and one update kernel steps them. Sums in another
+    order than the pieces kernel's, bitwise repeatable. For the pieces design, pooled SUM
+    without per-sample weights, eager batches of ``hot_min_ids`` ids or more, tables of one
+    feature each; otherwise the backward runs without it. Probed on the H200 at 388cce3
+    (``benchmarks/probe_hot_dense``): ctr-dlrm's 16 hottest rows a table take 50% of its
+    lookups; their product 0.20 ms against ~4 GB of gathers. Not timed in the backward."""
+    hot_sample: int = 4096
+    """``hot_rows``: ids sampled per feature (evenly spaced) to choose the hot rows."""
+    hot_min_ids: int = 1 << 20
+    """``hot_rows``: the fewest ids in a batch for which the hot rows are summed apart."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the
@@ -313,6 +330,13 @@ class RunsLaunch:
             raise ValueError(f"RunsLaunch.short_warps must be a power of two from 1 to 16, got {self.short_warps}")
         if self.short_programs_per_sm < 0:
             raise ValueError(f"RunsLaunch.short_programs_per_sm must be >= 0, got {self.short_programs_per_sm}")
+        hot = self.hot_rows
+        if hot and (hot < 16 or hot > 256 or not _power_of_two(hot)):
+            raise ValueError(f"RunsLaunch.hot_rows must be 0 or a power of two from 16 to 256, got {hot}")
+        if self.hot_sample < 1:
+            raise ValueError(f"RunsLaunch.hot_sample must be >= 1, got {self.hot_sample}")
+        if self.hot_min_ids < 0:
+            raise ValueError(f"RunsLaunch.hot_min_ids must be >= 0, got {self.hot_min_ids}")
         if self.piece_programs_per_sm < 0:
             raise ValueError(f"RunsLaunch.piece_programs_per_sm must be >= 0, got {self.piece_programs_per_sm}")
         for name in ("chunk_programs_per_sm", "loop_programs_per_sm", "piece_unroll", "wide_piece_unroll"):

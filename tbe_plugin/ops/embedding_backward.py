@@ -34,6 +34,7 @@ aggregated gradient, as FBGEMM's exact optimizers do.
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -50,6 +51,7 @@ from tbe_plugin.ops.backward_runs import (
     _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
+from tbe_plugin.ops.hot_product import hot_step, select_hot_rows
 from tbe_plugin.ops.radix_sort import sort_pairs
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -58,6 +60,7 @@ from tbe_plugin.ops.indexing import (
     _META_ROW_BASE,
     _META_ROWS,
     _META_WEIGHT_OFFSET,
+    META_ROW_BASE,
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs
 from tbe_plugin.ops.pieces_launch import _launch_pieces
@@ -79,8 +82,9 @@ def _bag_length(offsets_ptr, bag, valid, num_indices):
 @triton.jit
 def _positions_kernel(
     feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, psw_ptr, rows_out_ptr, bag_out_ptr, scale_out_ptr,
-    B, total_bags, num_indices, sentinel,
-    MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
+    B, total_bags, num_indices, sentinel, hot_ptr, hot_counts_ptr,
+    MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, HOT: tl.constexpr = 0,
+    LOG_HOT: tl.constexpr = 0,
 ):  # fmt: skip
     """Per id, BLOCK consecutive positions a program (every load and store contiguous,
     whatever the bags' lengths): its bag (the last bag starting at or before it, by a
@@ -91,7 +95,10 @@ def _positions_kernel(
     row (the sort key; with CHECK an id outside its table reads as row 0, the forward's
     repair), the bag (feature * B + b: what the output-gradient row and the table follow
     from), and the factor on that row (per-sample weight, 1/L for MEAN). A position in no
-    bag (before the first offset or at or after the last) gets the sentinel row."""
+    bag (before the first offset or at or after the last) gets the sentinel row. HOT
+    (``RunsLaunch.hot_rows``; 0: off): an id whose row is one of its feature's HOT hot rows
+    (``hot_ptr[feature]``, ascending, 2**LOG_HOT of them) adds 1.0 to its (feature, slot,
+    bag) count in ``hot_counts`` and gets the sentinel row: the sort and the pieces skip it."""
     block = tl.program_id(0).to(tl.int64)
     p = block * BLOCK + tl.arange(0, BLOCK)
     inside = p < num_indices
@@ -120,7 +127,19 @@ def _positions_kernel(
     if CHECK:
         ids = tl.where((ids < 0) | (ids >= rows), 0, ids)
     row = tl.load(meta + _META_ROW_BASE, mask=valid, other=0) + ids
-    tl.store(rows_out_ptr + p, tl.where(valid, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
+    keyed = valid
+    if HOT > 0:
+        # Lower bound of the row among the feature's hot rows (ascending, padded above every row).
+        hot = hot_ptr + feature * HOT
+        slot = tl.zeros([BLOCK], dtype=tl.int64)
+        for level in tl.static_range(LOG_HOT):
+            half = HOT >> (level + 1)
+            below = tl.load(hot + slot + half - 1, mask=valid, other=0) < row
+            slot = tl.where(below, slot + half, slot)
+        hit = valid & (slot < HOT) & (tl.load(hot + tl.minimum(slot, HOT - 1), mask=valid, other=-1) == row)
+        tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
+        keyed = valid & ~hit
+    tl.store(rows_out_ptr + p, tl.where(keyed, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
     tl.store(bag_out_ptr + p, bag.to(bag_out_ptr.dtype.element_ty), mask=valid)
     if WEIGHTED or MEAN:
         scale = tl.full([BLOCK], 1.0, tl.float32)
@@ -280,11 +299,20 @@ def backward_update(
     scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
     psw = per_sample_weights if weighted else scale
     window = positions_window(offsets, N, POSITIONS_BLOCK)
+    # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
+    hot = launch.hot_rows if _hot_applies(launch, pooling, scaled, grad_cell, N, feature_meta) else 0
+    hot_rows = hot_counts = rows  # never read without it
+    if hot:
+        hot_rows = select_hot_rows(indices, offsets, feature_meta, B, hot, launch.hot_sample, bounds_check, total_rows)
+        hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
     _positions_kernel[(window.numel() - 1,)](
         feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
-        sentinel, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
-        num_warps=POSITIONS_WARPS,
+        sentinel, hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
+        HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
     )  # fmt: skip
+    if hot:
+        hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, hot_rows, hot_counts, args, align,
+                 total_rows, max_dim)  # fmt: skip
     block_d = max(16, next_power_of_2(max_dim))
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
@@ -323,6 +351,26 @@ def backward_update(
 
 
 _CLASS_ROWS: dict = {}
+# Per feature-metadata tensor (by id, with a weak reference that proves it is the same one):
+# whether every table is read by one feature (a host check once per tensor).
+_ONE_FEATURE_TABLES: dict = {}
+
+
+def _hot_applies(launch: RunsLaunch, pooling: int, scaled: bool, grad_cell, num_ids: int,
+                 feature_meta: torch.Tensor) -> bool:  # fmt: skip
+    """Whether ``RunsLaunch.hot_rows`` applies: the pieces design, pooled SUM without
+    per-sample weights, an eager batch of ``hot_min_ids`` or more, every table read by one
+    feature (a row hot for one feature must be hot for every feature of its table)."""
+    if not launch.hot_rows or launch.design != "pieces" or pooling != Pooling.SUM or scaled:
+        return False
+    if grad_cell is not None or num_ids < max(launch.hot_min_ids, 1):
+        return False
+    known = _ONE_FEATURE_TABLES.get(id(feature_meta))
+    if known is None or known[0]() is not feature_meta:
+        bases = feature_meta[:, META_ROW_BASE]
+        known = (weakref.ref(feature_meta), bool(torch.unique(bases).numel() == bases.numel()))
+        _ONE_FEATURE_TABLES[id(feature_meta)] = known
+    return known[1]
 
 
 def _class_rows(classes: Sequence[int], total_rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""Hot rows' gradient sums as a product: ``sums[f] = counts[f] @ grad[:, columns of f]``.
+"""Each feature's hottest rows summed apart from the sort (``RunsLaunch.hot_rows``).
 
-A building block for summing each table's hottest rows apart from the sort (not wired into
-the backward yet; ``benchmarks/probe_hot_dense.py`` times it against cuBLAS). ``counts`` is
+``select_hot_rows`` chooses them from an even sample of each feature's ids; the positions
+kernel counts how often each sits in each bag; ``hot_sums`` turns the counts into their
+gradient sums, ``sums[f] = counts[f] @ grad[:, columns of f]``; ``_hot_update_kernel`` steps
+their rows (``benchmarks/probe_hot_dense.py`` times the product against cuBLAS). ``counts`` is
 (F, K, B) fp32: how often feature f's hot row k sits in bag b (exact small integers);
 ``grad`` the (B, sum D) output gradient; feature f's D columns start at ``col_offsets[f]``.
 
@@ -17,10 +19,57 @@ import torch
 import triton
 import triton.language as tl
 
+from tbe_plugin.ops.common import next_power_of_2
+from tbe_plugin.ops.indexing import (
+    _META_COLS,
+    _META_DIM,
+    _META_ROW_BASE,
+    _META_WEIGHT_OFFSET,
+    META_DIM,
+    META_OUT_OFFSET,
+    META_ROW_BASE,
+    META_ROWS,
+)
+from tbe_plugin.ops.optimizers import apply_update, load_row_state
+from tbe_plugin.ops.update_operands import _update_operands
+
+
+def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: torch.Tensor, batch_size: int,
+                    hot: int, sample: int, bounds_check: bool, pad: int) -> torch.Tensor:  # fmt: skip
+    """(F, hot) int64: per feature the global rows most frequent among ``sample`` of its ids
+    taken at evenly spaced positions (fewer distinct rows: the rest ``pad``), ascending.
+    Ties go to the lower row; ids outside their table read as row 0 under ``bounds_check``
+    (the positions kernel's repair), offsets are clamped into the ids. All on the device, no
+    host sync; the choice depends on the batch alone."""
+    F, N, device = feature_meta.shape[0], indices.numel(), indices.device
+    bounds = offsets[::batch_size].long().clamp(0, N)
+    starts, ends = bounds[:F], torch.maximum(bounds[1 : F + 1], bounds[:F])
+    lengths = (ends - starts)[:, None]
+    steps = torch.arange(sample, device=device)[None, :]
+    pos = (starts[:, None] + steps * lengths // sample).clamp_(max=max(N - 1, 0))
+    ids = indices[pos].long() if N else torch.zeros_like(pos)
+    if bounds_check:
+        ids = torch.where((ids < 0) | (ids >= feature_meta[:, META_ROWS, None]), 0, ids)
+    rows = torch.where(lengths > 0, feature_meta[:, META_ROW_BASE, None] + ids, pad)
+    rows = torch.sort(rows, dim=1).values
+    index = steps.expand(F, sample)
+    head = torch.ones_like(rows, dtype=torch.bool)
+    head[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    # Each head's run length: the next head's index minus its own (a reverse running minimum).
+    later = torch.where(head, index, sample)[:, 1:]
+    later = torch.cat([later, torch.full((F, 1), sample, device=device)], 1)
+    next_head = torch.flip(torch.cummin(torch.flip(later, [1]), 1).values, [1])
+    counts = torch.where(head & (rows != pad), next_head - index, 0)
+    order = torch.sort(counts, dim=1, descending=True, stable=True).indices[:, :hot]
+    chosen = torch.where(torch.gather(counts, 1, order) > 0, torch.gather(rows, 1, order), pad)
+    if chosen.shape[1] < hot:
+        chosen = torch.cat([chosen, torch.full((F, hot - chosen.shape[1]), pad, device=device)], 1)
+    return torch.sort(chosen, dim=1).values
+
 
 @triton.jit
 def _hot_partials_kernel(
-    counts_ptr, grad_ptr, col_offsets_ptr, dims_ptr, partials_ptr, B, grad_stride, slices,
+    hot_counts_ptr, grad_ptr, col_offsets_ptr, dims_ptr, partials_ptr, B, grad_stride, slices,
     K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_B: tl.constexpr,
 ):  # fmt: skip
     """partials[f, s, :, d-block] = counts[f, :, s-th SPLIT_B bags] @ grad[those bags, f's columns]."""
@@ -38,7 +87,7 @@ def _hot_partials_kernel(
         for b0 in range(0, SPLIT_B, BLOCK_B):
             bags = first + b0 + tl.arange(0, BLOCK_B)
             inside = bags < B
-            c = tl.load(counts_ptr + (f * K + ks[:, None]) * B + bags[None, :], mask=inside[None, :], other=0.0)
+            c = tl.load(hot_counts_ptr + (f * K + ks[:, None]) * B + bags[None, :], mask=inside[None, :], other=0.0)
             g = tl.load(grad_ptr + bags[:, None] * grad_stride + col0 + cols[None, :],
                         mask=inside[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
             acc = tl.dot(c, g.to(tl.float32), acc, input_precision="ieee")
@@ -64,7 +113,7 @@ def _hot_sum_kernel(partials_ptr, sums_ptr, dims_ptr, slices, width, K: tl.const
 
 
 def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor, dims: torch.Tensor,
-             split_b: int = 1024, block_b: int = 32, block_d: int = 64, num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+             split_b: int = 1024, block_b: int = 64, block_d: int = 64, num_warps: int = 4) -> torch.Tensor:  # fmt: skip
     """(F, K, max D) fp32: ``counts[f] @ grad[:, col_offsets[f] : col_offsets[f] + dims[f]]``, zero past
     each feature's D. ``counts`` (F, K, B) fp32 with K a power of two >= 16; ``grad`` (B, sum D),
     unit column stride; ``col_offsets``/``dims`` int64 on ``grad``'s device. Bitwise repeatable."""
@@ -81,7 +130,7 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     blocks = triton.cdiv(max(max_dim, 1), block_d)
     width = blocks * block_d
     slices = triton.cdiv(B, split_b)
-    counts = counts.contiguous()
+    counts, col_offsets, dims = counts.contiguous(), col_offsets.contiguous(), dims.contiguous()
     partials = torch.zeros(F, slices, K, width, dtype=torch.float32, device=grad.device)
     sums = torch.zeros(F, K, width, dtype=torch.float32, device=grad.device)
     if F == 0 or B == 0:
@@ -92,3 +141,52 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     )  # fmt: skip
     _hot_sum_kernel[(F, blocks)](partials, sums, dims, slices, width, K=K, BLOCK_D=block_d)
     return sums[:, :, :max_dim]
+
+
+@triton.jit
+def _hot_update_kernel(
+    hot_ptr, touched_ptr, sums_ptr, feature_meta_ptr, weights_ptr, momentum1_ptr, momentum2_ptr, step_ptr, hyper_ptr,
+    width, pad,
+    HOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr,
+    WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
+    """One optimizer step on ROWS of feature f's hot rows with their summed gradients; slots
+    holding no row (``pad``) or a row the batch did not touch are skipped."""
+    f = tl.program_id(0).to(tl.int64)
+    slots = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    row = tl.load(hot_ptr + f * HOT + slots)
+    active = (row != pad) & (tl.load(touched_ptr + f * HOT + slots) != 0)
+    meta = feature_meta_ptr + f * _META_COLS
+    dim = tl.load(meta + _META_DIM)
+    w_start = tl.load(meta + _META_WEIGHT_OFFSET) + (row - tl.load(meta + _META_ROW_BASE)) * dim
+    w_start = tl.where(active, w_start, 0) // ALIGN * ALIGN
+    dims = tl.zeros([ROWS], dtype=tl.int64) + dim // ALIGN * ALIGN
+    cols = tl.arange(0, BLOCK_D)
+    row_mask = cols[None, :] < dims[:, None]
+    w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
+    w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, active, momentum1_ptr, momentum2_ptr, OPTIMIZER)
+    g = tl.load(sums_ptr + (f * HOT + slots[:, None]) * width + cols[None, :], mask=row_mask & active[:, None],
+                other=0.0)  # fmt: skip
+    apply_update(
+        g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dims, momentum1_ptr, momentum2_ptr, step_ptr,
+        hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+    )  # fmt: skip
+
+
+HOT_UPDATE_ROWS = 16  # hot rows a program of the update kernel steps (hot_rows is a multiple)
+
+
+def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, hot_rows, hot_counts, args, align: int,
+             pad: int, max_dim: int) -> None:  # fmt: skip
+    """The hot rows' share of the backward, after the positions kernel counted them: their
+    gradient sums (``hot_sums``) and one optimizer step on every hot row the batch touched."""
+    F, K, _ = hot_counts.shape
+    if F == 0:
+        return
+    sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM])
+    touched = (hot_counts.sum(2) > 0).to(torch.int8)
+    step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, hot_rows, align)
+    _hot_update_kernel[(F, K // HOT_UPDATE_ROWS)](
+        hot_rows, touched, sums, feature_meta, weights, m1, m2, step, hyper, sums.stride(1), pad, HOT=K,
+        ROWS=HOT_UPDATE_ROWS, BLOCK_D=max(16, next_power_of_2(max_dim)), **modes,
+    )  # fmt: skip

@@ -22,6 +22,7 @@ from tbe_plugin.ops import backward_runs as runs  # noqa: E402
 from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
 from tbe_plugin.ops.backward_launch import RadixSizes, RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
+from tbe_plugin.ops import hot_product as hot  # noqa: E402
 from tbe_plugin.ops import pieces_launch  # noqa: E402
 from tbe_plugin.ops import radix_sort as radix  # noqa: E402
 from tbe_plugin.ops.common import vector_alignment  # noqa: E402
@@ -38,6 +39,8 @@ INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
 INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_index_ptr",
                        "long_index_ptr", "piece_index_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
+FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr")  # RunsLaunch.hot_rows
+INT8_POINTERS += ("touched_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
@@ -229,8 +232,19 @@ def variants():
         yield runs._listed_chunks_kernel, dict(WRITE=write, BLOCK=backward.LIST_BLOCK), 4, "*fp32", "*i32"
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     for keys in ("*i32", "*i64"):
-        yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK), \
+        yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
+                                               HOT=0, LOG_HOT=0), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
+    # RunsLaunch.hot_rows: the positions kernel counting 16 hot rows a feature, the product, the update.
+    yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
+                                           HOT=16, LOG_HOT=4), backward.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip
+    yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024), 4, "*fp32", "*i32"
+    yield hot._hot_sum_kernel, dict(K=16, BLOCK_D=64), 4, "*fp32", "*i32"
+    for weights, optimizer in (("*fp32", 1), ("*fp16", 1), ("*fp32", 3), ("*fp32", 5)):
+        yield hot._hot_update_kernel, dict(
+            HOT=16, ROWS=hot.HOT_UPDATE_ROWS, BLOCK_D=128, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0,
+            STOCHASTIC_ROUNDING=weights != "*fp32", ALIGN=4,
+        ), 4, weights, "*i32"  # fmt: skip
     for scaled, sorted_bags in ((True, False), (False, True)):
         operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags)
         yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"

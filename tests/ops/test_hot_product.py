@@ -19,7 +19,9 @@ def test_hot_sums_match_the_product_per_feature():
     """Mixed D, B not a multiple of the slices or the bag blocks, an empty slot: each feature's
     rows are counts @ its columns (fp64 reference), zero past its D; two calls bitwise equal."""
     counts, grad, col_offsets, dims = _case()
-    got = hot_sums(counts, grad, col_offsets, dims, split_b=64, block_b=32, block_d=16)
+    # Offsets and D as columns of one metadata tensor (strided views), as the backward passes them.
+    meta = torch.stack([col_offsets, dims], 1)
+    got = hot_sums(counts, grad, meta[:, 0], meta[:, 1], split_b=64, block_b=32, block_d=16)
     assert got.shape == (3, 16, 24)
     for f in range(3):
         cols = grad[:, int(col_offsets[f]) : int(col_offsets[f] + dims[f])].double()

@@ -1,0 +1,146 @@
+"""RunsLaunch.hot_rows: each feature's hottest rows summed apart (counts times the output
+gradient) train like the reference, bitwise the same run to run, and stay off where they
+do not apply."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tbe_plugin.ops import embedding_backward, hot_product
+from tbe_plugin.ops.backward_launch import RunsLaunch
+from tbe_plugin.ops.indexing import META_COLS, META_ROW_BASE, META_ROWS
+from tests.helpers import assert_bitwise_equal, make_bags
+from tests.ops.backward_helpers import OPTIMIZERS, build, train_and_compare
+
+HOT = RunsLaunch(hot_rows=16, hot_sample=64, hot_min_ids=0)
+SPECS = [(40, 8), (25, 20), (60, 4)]
+
+
+def _meta(rows, bases):
+    meta = torch.zeros(len(rows), META_COLS, dtype=torch.int64)
+    meta[:, META_ROWS], meta[:, META_ROW_BASE] = torch.tensor(rows), torch.tensor(bases)
+    return meta
+
+
+def test_select_hot_rows_by_sampled_frequency():
+    """Feature 0 (rows 0..9 at base 0): every id sampled (sample 8 >= its 8 ids); 5 four times,
+    then 1 and 2 twice (ties to the lower row), 7 once. Feature 1 (base 10): one id, 3, and a
+    bad id (12 >= 10 rows) read as row 0 under bounds checking. Ascending, padded with 99."""
+    indices = torch.tensor([5, 1, 5, 2, 5, 1, 2, 5, 3, 12])
+    offsets = torch.tensor([0, 4, 8, 9, 10])  # B = 2
+    meta = _meta([10, 10], [0, 10])
+    got = hot_product.select_hot_rows(indices, offsets, meta, 2, 16, 8, True, 99)
+    assert got.shape == (2, 16)
+    assert got[0, :3].tolist() == [1, 2, 5] and (got[0, 3:] == 99).all()
+    assert got[1, :2].tolist() == [10, 13] and (got[1, 2:] == 99).all()
+    small = hot_product.select_hot_rows(indices, offsets, meta, 2, 16, 8, False, 99)
+    assert small[1, :2].tolist() == [13, 22]  # unchecked: the bad id's row as given
+    # Sampling 2 of feature 0's 8 ids (positions 0 and 4): rows 5 and 5.
+    assert hot_product.select_hot_rows(indices, offsets, meta, 2, 16, 2, True, 99)[0, 0].item() == 5
+
+
+def _spy(monkeypatch):
+    counted = []
+    step = embedding_backward.hot_step
+
+    def spy(*args, **kwargs):
+        counted.append(float(args[7].sum()))  # the hot ids counted in this step (args[7]: hot_counts)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(embedding_backward, "hot_step", spy)
+    return counted
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("sample", [8, 64])
+def test_hot_rows_train_like_the_reference(monkeypatch, optimizer, sample):
+    """Sampling 64 ids a feature makes every row of these small batches hot; sampling 8 leaves
+    most ids to the sort and the pieces kernels beside the hot rows."""
+    counted = _spy(monkeypatch)
+    emb = build(optimizer, specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(HOT, hot_sample=sample)
+    train_and_compare(emb, optimizer, steps=2, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert len(counted) == 2 and all(c > 0 for c in counted)
+
+
+def test_hot_rows_fp16_weights(monkeypatch):
+    counted = _spy(monkeypatch)
+    emb = build("EXACT_ROWWISE_ADAGRAD", dtype=torch.float16, specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(HOT, hot_sample=8)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert len(counted) == 2 and all(c > 0 for c in counted)
+
+
+def test_hot_rows_bitwise_repeatable(monkeypatch):
+    counted = _spy(monkeypatch)
+    modules = []
+    for _ in range(2):
+        emb = build("ADAM", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+        emb.backward_launch = HOT
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        for step in range(3):
+            indices, offsets = make_bags(rows, B=8, max_len=9, seed=7 + step, hot_fraction=0.7)
+            out = emb(indices, offsets)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
+        modules.append(emb)
+    assert_bitwise_equal(*modules)
+    assert len(counted) == 6 and min(counted) > 0
+
+
+@pytest.mark.parametrize("case", ["shared-table", "mean", "below-min-ids"])
+def test_hot_rows_off_where_they_do_not_apply(monkeypatch, case):
+    """A table read by two features, MEAN pooling, a batch under hot_min_ids: the backward
+    runs without the hot rows (and trains like the reference)."""
+    counted = _spy(monkeypatch)
+    ftm = [0, 1, 2, 0] if case == "shared-table" else [0, 1, 2]
+    emb = build("EXACT_ROWWISE_ADAGRAD", pooling="MEAN" if case == "mean" else "SUM", specs=SPECS, ftm=ftm,
+                learning_rate=0.05)  # fmt: skip
+    emb.backward_launch = dataclasses.replace(HOT, hot_min_ids=10**6) if case == "below-min-ids" else HOT
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert counted == []
+
+
+def test_hot_rows_option_checked():
+    with pytest.raises(ValueError, match="hot_rows"):
+        RunsLaunch(hot_rows=12)
+    with pytest.raises(ValueError, match="hot_sample"):
+        RunsLaunch(hot_rows=16, hot_sample=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
+def test_hot_rows_on_cuda(monkeypatch, optimizer):
+    """Zipf(1.15) ids over tables of D 16, 128 and 400 (B=16384, 983k ids): with 16 and 64
+    hot rows a feature the step matches the default backward up to the order of fp32 sums,
+    two runs agree bit for bit, and the hot rows took ids."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from tbe_plugin import TritonTableBatchedEmbeddingBags
+
+    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
+    torch.manual_seed(0)
+    ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
+    indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()
+    offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
+    grad = torch.rand(B, sum(dims), device="cuda") - 0.5
+    hot16 = RunsLaunch(hot_rows=16, hot_min_ids=0)
+    counted = _spy(monkeypatch)
+    modules = []
+    for launch in (RunsLaunch(), hot16, hot16, RunsLaunch(hot_rows=64, hot_min_ids=0)):
+        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
+                                              device="cuda")  # fmt: skip
+        with torch.no_grad():
+            for t, w in enumerate(emb.split_embedding_weights()):
+                w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(t)).cuda() - 0.5)
+        emb.backward_launch = launch
+        emb(indices, offsets).backward(grad)
+        modules.append(emb)
+    assert_bitwise_equal(modules[1], modules[2])
+    for hot in (modules[1], modules[3]):
+        torch.testing.assert_close(hot.weights, modules[0].weights, atol=1e-5, rtol=1e-5)
+        for ours, want in zip(hot.split_optimizer_states(), modules[0].split_optimizer_states()):
+            for a, b in zip(ours, want):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # The hot rows took ids (Zipf 1.15: about half of them) in each of the three hot steps.
+    assert len(counted) == 3 and all(0.2 * indices.numel() < c < indices.numel() for c in counted), counted

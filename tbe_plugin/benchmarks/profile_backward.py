@@ -119,7 +119,7 @@ CANDIDATES = {
     "short_two": _launch(short_two_states=True),
     "short_two_off": _launch(short_two_states=False),
     # Each feature's 16 (64) hottest rows summed apart as counts times the output gradient
-    # (RunsLaunch.hot_rows; eager batches of 2**20 ids or more, pooled SUM, unweighted).
+    # (RunsLaunch.hot_rows; eager batches of 2**20 ids or more, pooled, unweighted).
     "hot16": _launch(hot_rows=16),
     "hot64": _launch(hot_rows=64),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),

@@ -285,8 +285,8 @@ class RunsLaunch:
     ids the sentinel row (the sort puts them last, the pieces kernels skip them); their
     gradients are the counts times the feature's output-gradient columns
     (``hot_product.hot_sums``, fixed order) and one update kernel steps them. Sums in another
-    order than the pieces kernel's, bitwise repeatable. For the pieces design, pooled SUM
-    without per-sample weights, eager batches of ``hot_min_ids`` ids or more, tables of one
+    order than the pieces kernel's, bitwise repeatable. For the pieces design, pooled (SUM,
+    MEAN) without per-sample weights, eager batches of ``hot_min_ids`` ids or more, tables of one
     feature each; otherwise the backward runs without it. Probed on the H200 at 388cce3
     (``benchmarks/probe_hot_dense``): ctr-dlrm's 16 hottest rows a table take 50% of its
     lookups; their product 0.20 ms against ~4 GB of gathers. Not timed in the backward."""

@@ -51,7 +51,7 @@ from tbe_plugin.ops.backward_runs import (
     _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
-from tbe_plugin.ops.hot_product import hot_step, select_hot_rows
+from tbe_plugin.ops.hot_product import hot_step, mean_bag_scale, select_hot_rows
 from tbe_plugin.ops.radix_sort import sort_pairs
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -300,7 +300,7 @@ def backward_update(
     psw = per_sample_weights if weighted else scale
     window = positions_window(offsets, N, POSITIONS_BLOCK)
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
-    hot = launch.hot_rows if _hot_applies(launch, pooling, scaled, grad_cell, N, feature_meta) else 0
+    hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, grad_cell, N, feature_meta) else 0
     hot_rows = hot_counts = rows  # never read without it
     if hot:
         hot_rows = select_hot_rows(indices, offsets, feature_meta, B, hot, launch.hot_sample, bounds_check, total_rows)
@@ -312,7 +312,7 @@ def backward_update(
     )  # fmt: skip
     if hot:
         hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, hot_rows, hot_counts, args, align,
-                 total_rows, max_dim)  # fmt: skip
+                 total_rows, max_dim, mean_bag_scale(offsets, N) if mean else None)  # fmt: skip
     block_d = max(16, next_power_of_2(max_dim))
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
@@ -356,12 +356,12 @@ _CLASS_ROWS: dict = {}
 _ONE_FEATURE_TABLES: dict = {}
 
 
-def _hot_applies(launch: RunsLaunch, pooling: int, scaled: bool, grad_cell, num_ids: int,
+def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, grad_cell, num_ids: int,
                  feature_meta: torch.Tensor) -> bool:  # fmt: skip
-    """Whether ``RunsLaunch.hot_rows`` applies: the pieces design, pooled SUM without
+    """Whether ``RunsLaunch.hot_rows`` applies: the pieces design, pooled (SUM or MEAN) without
     per-sample weights, an eager batch of ``hot_min_ids`` or more, every table read by one
     feature (a row hot for one feature must be hot for every feature of its table)."""
-    if not launch.hot_rows or launch.design != "pieces" or pooling != Pooling.SUM or scaled:
+    if not launch.hot_rows or launch.design != "pieces" or pooling == Pooling.NONE or weighted:
         return False
     if grad_cell is not None or num_ids < max(launch.hot_min_ids, 1):
         return False

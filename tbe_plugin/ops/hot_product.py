@@ -69,10 +69,11 @@ def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: 
 
 @triton.jit
 def _hot_partials_kernel(
-    hot_counts_ptr, grad_ptr, col_offsets_ptr, dims_ptr, partials_ptr, B, grad_stride, slices,
-    K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_B: tl.constexpr,
+    hot_counts_ptr, grad_ptr, col_offsets_ptr, dims_ptr, partials_ptr, bag_scale_ptr, B, grad_stride, slices,
+    K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_B: tl.constexpr, SCALED: tl.constexpr = False,
 ):  # fmt: skip
-    """partials[f, s, :, d-block] = counts[f, :, s-th SPLIT_B bags] @ grad[those bags, f's columns]."""
+    """partials[f, s, :, d-block] = counts[f, :, s-th SPLIT_B bags] @ grad[those bags, f's columns]
+    (SCALED: each bag's counts times ``bag_scale[f * B + b]`` first, MEAN's 1/L)."""
     f = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     d0 = tl.program_id(2) * BLOCK_D
@@ -88,6 +89,8 @@ def _hot_partials_kernel(
             bags = first + b0 + tl.arange(0, BLOCK_B)
             inside = bags < B
             c = tl.load(hot_counts_ptr + (f * K + ks[:, None]) * B + bags[None, :], mask=inside[None, :], other=0.0)
+            if SCALED:  # on the counts (a [K, BLOCK_B] tile): scaling the gradient tile spilled
+                c = c * tl.load(bag_scale_ptr + f * B + bags, mask=inside, other=0.0)[None, :]
             g = tl.load(grad_ptr + bags[:, None] * grad_stride + col0 + cols[None, :],
                         mask=inside[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
             acc = tl.dot(c, g.to(tl.float32), acc, input_precision="ieee")
@@ -113,10 +116,13 @@ def _hot_sum_kernel(partials_ptr, sums_ptr, dims_ptr, slices, width, K: tl.const
 
 
 def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor, dims: torch.Tensor,
-             split_b: int = 1024, block_b: int = 64, block_d: int = 64, num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+             split_b: int = 1024, block_b: int = 64, block_d: int = 64, num_warps: int = 4,
+             bag_scale: "torch.Tensor | None" = None) -> torch.Tensor:  # fmt: skip
     """(F, K, max D) fp32: ``counts[f] @ grad[:, col_offsets[f] : col_offsets[f] + dims[f]]``, zero past
     each feature's D. ``counts`` (F, K, B) fp32 with K a power of two >= 16; ``grad`` (B, sum D),
-    unit column stride; ``col_offsets``/``dims`` int64 on ``grad``'s device. Bitwise repeatable."""
+    unit column stride; ``col_offsets``/``dims`` int64 on ``grad``'s device. ``bag_scale``: (F * B,)
+    fp32 factors of each bag (MEAN's 1/L), on its counts before the product (the backward puts
+    them on each id's gradient row: the same sum up to fp32 rounding). Bitwise repeatable."""
     if counts.dim() != 3 or counts.dtype != torch.float32:
         raise ValueError(f"hot_sums: counts must be (F, K, B) fp32, got {counts.dtype} of shape {tuple(counts.shape)}")
     F, K, B = counts.shape
@@ -135,9 +141,13 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     sums = torch.zeros(F, K, width, dtype=torch.float32, device=grad.device)
     if F == 0 or B == 0:
         return sums[:, :, :max_dim]
+    if bag_scale is not None and (bag_scale.dtype != torch.float32 or bag_scale.numel() != F * B):
+        raise ValueError(f"hot_sums: bag_scale must be fp32 with F*B={F * B} entries, got {bag_scale.dtype} "
+                         f"{tuple(bag_scale.shape)}")  # fmt: skip
     _hot_partials_kernel[(F, slices, blocks)](
-        counts, grad, col_offsets, dims, partials, B, grad.stride(0), slices, K=K, BLOCK_B=block_b, BLOCK_D=block_d,
-        SPLIT_B=split_b, num_warps=num_warps,
+        counts, grad, col_offsets, dims, partials, counts if bag_scale is None else bag_scale.contiguous(), B,
+        grad.stride(0), slices, K=K, BLOCK_B=block_b, BLOCK_D=block_d, SPLIT_B=split_b, SCALED=bag_scale is not None,
+        num_warps=num_warps,
     )  # fmt: skip
     _hot_sum_kernel[(F, blocks)](partials, sums, dims, slices, width, K=K, BLOCK_D=block_d)
     return sums[:, :, :max_dim]
@@ -176,14 +186,24 @@ def _hot_update_kernel(
 HOT_UPDATE_ROWS = 16  # hot rows a program of the update kernel steps (hot_rows is a multiple)
 
 
+def mean_bag_scale(offsets: torch.Tensor, num_indices: int) -> torch.Tensor:
+    """(F * B,) fp32: 1 / L of each bag, its offsets clamped into [0, num_indices] and L at
+    least 1 (the positions kernel's ``_bag_length`` rule; the same correctly rounded 1/L)."""
+    bounds = offsets.long().clamp(0, num_indices)
+    lengths = (bounds[1:] - bounds[:-1]).clamp_(min=1)
+    return torch.reciprocal(lengths.to(torch.float32))
+
+
 def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, hot_rows, hot_counts, args, align: int,
-             pad: int, max_dim: int) -> None:  # fmt: skip
+             pad: int, max_dim: int, bag_scale=None) -> None:  # fmt: skip
     """The hot rows' share of the backward, after the positions kernel counted them: their
-    gradient sums (``hot_sums``) and one optimizer step on every hot row the batch touched."""
+    gradient sums (``hot_sums``; ``bag_scale`` for MEAN) and one optimizer step on every hot
+    row the batch touched."""
     F, K, _ = hot_counts.shape
     if F == 0:
         return
-    sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM])
+    sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM],
+                    bag_scale=bag_scale)  # fmt: skip
     touched = (hot_counts.sum(2) > 0).to(torch.int8)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, hot_rows, align)
     _hot_update_kernel[(F, K // HOT_UPDATE_ROWS)](

@@ -39,7 +39,7 @@ INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
 INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_index_ptr",
                        "long_index_ptr", "piece_index_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
-FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr")  # RunsLaunch.hot_rows
+FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr", "bag_scale_ptr")  # RunsLaunch.hot_rows
 INT8_POINTERS += ("touched_ptr",)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
@@ -238,7 +238,9 @@ def variants():
     # RunsLaunch.hot_rows: the positions kernel counting 16 hot rows a feature, the product, the update.
     yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                            HOT=16, LOG_HOT=4), backward.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip
-    yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024), 4, "*fp32", "*i32"
+    for scaled in (False, True):  # SUM, MEAN
+        yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024, SCALED=scaled), 4, "*fp32", \
+            "*i32"  # fmt: skip
     yield hot._hot_sum_kernel, dict(K=16, BLOCK_D=64), 4, "*fp32", "*i32"
     for weights, optimizer in (("*fp32", 1), ("*fp16", 1), ("*fp32", 3), ("*fp32", 5)):
         yield hot._hot_update_kernel, dict(

@@ -42,3 +42,17 @@ def test_hot_sums_reject_bad_shapes():
         hot_sums(counts, grad[:10], col_offsets, dims)
     with pytest.raises(ValueError, match="multiple of block_b"):
         hot_sums(counts, grad, col_offsets, dims, split_b=48, block_b=32)
+
+
+def test_hot_sums_scale_each_bag_first():
+    """``bag_scale`` (MEAN's 1/L a bag): the product of the scaled counts, the fp64 sum up to
+    fp32 rounding."""
+    counts, grad, col_offsets, dims = _case(B=70)
+    scale = torch.rand(3 * 70)
+    got = hot_sums(counts, grad, col_offsets, dims, split_b=64, block_b=32, block_d=16, bag_scale=scale)
+    for f in range(3):
+        cols = grad[:, int(col_offsets[f]) : int(col_offsets[f] + dims[f])] * scale[f * 70 : (f + 1) * 70, None]
+        torch.testing.assert_close(got[f, :, : int(dims[f])].double(), counts[f].double() @ cols.double(), rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="bag_scale"):
+        hot_sums(counts, grad, col_offsets, dims, bag_scale=scale[:-1])

@@ -1,6 +1,6 @@
 """RunsLaunch.hot_rows: each feature's hottest rows summed apart (counts times the output
-gradient) train like the reference, bitwise the same run to run, and stay off where they
-do not apply."""
+gradient, SUM and MEAN) train like the reference, bitwise the same run to run, and stay off
+where they do not apply."""
 
 import dataclasses
 
@@ -112,16 +112,33 @@ def test_hot_rows_with_bad_ids_and_offsets(monkeypatch):
     assert len(counted) == 1 and counted[0] > 0
 
 
-@pytest.mark.parametrize("case", ["shared-table", "mean", "below-min-ids"])
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "LAMB"])
+def test_hot_rows_mean_pooling(monkeypatch, optimizer):
+    """MEAN: each bag's gradient row is scaled by its 1/L before the counts' product (empty
+    bags included: L taken as 1); most ids hot (sample 8) beside the pieces."""
+    counted = _spy(monkeypatch)
+    emb = build(optimizer, pooling="MEAN", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(HOT, hot_sample=8)
+    train_and_compare(emb, optimizer, steps=2, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert len(counted) == 2 and all(c > 0 for c in counted)
+
+
+def test_mean_bag_scale_follows_the_positions_rule():
+    offsets = torch.tensor([0, 3, 3, 7, 12, 9])  # an empty bag, a decreasing offset, an end past 10 ids
+    want = torch.tensor([1 / 3, 1.0, 0.25, 1 / 3, 1.0], dtype=torch.float32)  # clamped to [0, 10], L >= 1
+    assert torch.equal(hot_product.mean_bag_scale(offsets, 10), want)
+
+
+@pytest.mark.parametrize("case", ["shared-table", "weighted", "below-min-ids"])
 def test_hot_rows_off_where_they_do_not_apply(monkeypatch, case):
-    """A table read by two features, MEAN pooling, a batch under hot_min_ids: the backward
-    runs without the hot rows (and trains like the reference)."""
+    """A table read by two features, per-sample weights, a batch under hot_min_ids: the
+    backward runs without the hot rows (and trains like the reference)."""
     counted = _spy(monkeypatch)
     ftm = [0, 1, 2, 0] if case == "shared-table" else [0, 1, 2]
-    emb = build("EXACT_ROWWISE_ADAGRAD", pooling="MEAN" if case == "mean" else "SUM", specs=SPECS, ftm=ftm,
-                learning_rate=0.05)  # fmt: skip
+    emb = build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=ftm, learning_rate=0.05)
     emb.backward_launch = dataclasses.replace(HOT, hot_min_ids=10**6) if case == "below-min-ids" else HOT
-    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.6, lr=0.05)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.6, weighted=case == "weighted",
+                      lr=0.05)  # fmt: skip
     assert counted == []
 
 

@@ -157,12 +157,14 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(cfg.data.seed)  # the same dense weights for every run
     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
-    if cfg.backend == "triton" and args.backward_launch:
-        set_backward_launch(dmp, args.backward_launch)
+    # (cfg.backend is a BackendConfig: compared as a string it never matched, and the launch
+    # was silently left at the default from e45a0a4 to 8fc26f9.)
+    launched = set_backward_launch(dmp, args.backward_launch) if cfg.backend.name == "triton" and args.backward_launch \
+        else 0
     resident = torch.cuda.memory_allocated(device) if on_cuda else None
     runner = make_pipeline(pipeline, dmp, optimizer, device)
     run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
-    run.update(step_statistics(run["step_ms"]), plan=plan_summary(dmp))
+    run.update(step_statistics(run["step_ms"]), plan=plan_summary(dmp), launch_modules=launched)
     run["examples_per_s"] = cfg.data.batch_size * world_size / run["ms"] * 1e3
     run["resident_gib"] = resident / 2**30 if on_cuda else None
     run["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None
@@ -174,6 +176,22 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
     return run
 
 
+def _with_lookups(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """Every module of ``model`` and of the lookups TorchRec's sharded collections keep in a
+    plain list (``_lookups``: not submodules, so ``model.modules()`` never reaches them)."""
+    seen, found, stack = set(), [], [model]
+    while stack:
+        for module in stack.pop().modules():
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            found.append(module)
+            lookups = getattr(module, "_lookups", None)
+            if isinstance(lookups, (list, tuple)):
+                stack.extend(m for m in lookups if isinstance(m, torch.nn.Module))
+    return found
+
+
 def set_backward_launch(model: torch.nn.Module, name: str) -> int:
     """Puts the named candidate launch (``tbe_plugin.benchmarks.profile_backward.CANDIDATES``)
     on every Triton TBE module inside ``model``; returns how many took it (0 raises)."""
@@ -182,7 +200,7 @@ def set_backward_launch(model: torch.nn.Module, name: str) -> int:
 
     if name not in CANDIDATES:
         raise ValueError(f"--backward-launch {name!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
-    modules = [m for m in model.modules() if isinstance(m, TritonTableBatchedEmbeddingBags)]
+    modules = [m for m in _with_lookups(model) if isinstance(m, TritonTableBatchedEmbeddingBags)]
     if not modules:
         raise ValueError(f"--backward-launch {name!r}: the model holds no TritonTableBatchedEmbeddingBags")
     for module in modules:

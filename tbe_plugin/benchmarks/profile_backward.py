@@ -122,6 +122,7 @@ CANDIDATES = {
     # (RunsLaunch.hot_rows; eager batches of 2**20 ids or more, pooled, unweighted).
     "hot16": _launch(hot_rows=16),
     "hot64": _launch(hot_rows=64),
+    "hot16_any": _launch(hot_rows=16, hot_min_ids=0),  # batches of any size (the CPU smoke runs)
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),

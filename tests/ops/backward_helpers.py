@@ -71,3 +71,26 @@ def train_and_compare(emb, optimizer, steps=3, B=4, max_len=5, hot=0.3, weighted
         out.backward(grad.to(out.dtype))
         reference.train(indices, offsets, grad, psw)
         reference.assert_matches(emb)
+
+
+def cuda_zipf_steps(optimizer, launches):
+    """On CUDA, one training step per launch (``RunsLaunch`` or None), each on a fresh module
+    from the same weights, ids and output gradient: Zipf(1.15) ids over tables of D 16, 128
+    and 400 (200k, 1M and 50k rows), B=16384, 20 ids a bag. Returns (modules, indices)."""
+    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
+    torch.manual_seed(0)
+    ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
+    indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()
+    offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
+    grad = torch.rand(B, sum(dims), device="cuda") - 0.5
+    modules = []
+    for launch in launches:
+        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
+                                              device="cuda")  # fmt: skip
+        with torch.no_grad():
+            for t, w in enumerate(emb.split_embedding_weights()):
+                w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(t)).cuda() - 0.5)
+        emb.backward_launch = launch
+        emb(indices, offsets).backward(grad)
+        modules.append(emb)
+    return modules, indices

@@ -7,10 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from tbe_plugin import TritonTableBatchedEmbeddingBags
 from tbe_plugin.ops.backward_launch import RunsLaunch
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import FEATURE_TABLE_MAP, OPTIMIZERS, SPECS, build, train_and_compare
+from tests.ops.backward_helpers import FEATURE_TABLE_MAP, OPTIMIZERS, SPECS, build, cuda_zipf_steps, train_and_compare
 
 # The ``pieces`` design (``ops.backward_pieces``), at sizes that make a few hundred ids
 # cross every level: cells of 4 ids (runs of 4 fill one; runs cross cell edges), groups of
@@ -277,25 +276,10 @@ def test_pieces_design_on_cuda(optimizer):
     design agree bit for bit, and with ``piece_lanes``, ``piece_fit`` (grids cut to the
     resident programs) and ``piece_short``, and with the chunk design up to the order of fp32
     sums."""
-    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
-    torch.manual_seed(0)
-    ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
-    indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()
-    offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
-    grad = torch.rand(B, sum(dims), device="cuda") - 0.5
-    modules = []
     fit = RunsLaunch(piece_fit=True)
     launches = (RunsLaunch(design="pieces"), RunsLaunch(design="pieces"), RunsLaunch(piece_lanes=32), fit, fit, None,
                 RunsLaunch(piece_short=4), RunsLaunch(piece_short=64, piece_fit=True))  # fmt: skip
-    for launch in launches:
-        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
-                                              device="cuda")  # fmt: skip
-        with torch.no_grad():
-            for t, w in enumerate(emb.split_embedding_weights()):
-                w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(t)).cuda() - 0.5)
-        emb.backward_launch = launch
-        emb(indices, offsets).backward(grad)
-        modules.append(emb)
+    modules, _ = cuda_zipf_steps(optimizer, launches)
     assert_bitwise_equal(modules[0], modules[1])
     assert_bitwise_equal(modules[0], modules[2])  # operands a piece a lane: the same sums in the same order
     # piece_fit: the first module's launches learn each variant's resident programs, the

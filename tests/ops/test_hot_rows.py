@@ -11,7 +11,7 @@ from tbe_plugin.ops import embedding_backward, hot_product
 from tbe_plugin.ops.backward_launch import RunsLaunch
 from tbe_plugin.ops.indexing import META_COLS, META_ROW_BASE, META_ROWS
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, build, train_and_compare
+from tests.ops.backward_helpers import OPTIMIZERS, build, cuda_zipf_steps, train_and_compare
 
 HOT = RunsLaunch(hot_rows=16, hot_sample=64, hot_min_ids=0)
 SPECS = [(40, 8), (25, 20), (60, 4)]
@@ -155,28 +155,9 @@ def test_hot_rows_on_cuda(monkeypatch, optimizer):
     """Zipf(1.15) ids over tables of D 16, 128 and 400 (B=16384, 983k ids): with 16 and 64
     hot rows a feature the step matches the default backward up to the order of fp32 sums,
     two runs agree bit for bit, and the hot rows took ids."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from tbe_plugin import TritonTableBatchedEmbeddingBags
-
-    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
-    torch.manual_seed(0)
-    ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
-    indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()
-    offsets = torch.arange(0, 3 * B * L + 1, L, device="cuda")
-    grad = torch.rand(B, sum(dims), device="cuda") - 0.5
     hot16 = RunsLaunch(hot_rows=16, hot_min_ids=0)
     counted = _spy(monkeypatch)
-    modules = []
-    for launch in (RunsLaunch(), hot16, hot16, RunsLaunch(hot_rows=64, hot_min_ids=0)):
-        emb = TritonTableBatchedEmbeddingBags(list(zip(rows, dims)), optimizer=optimizer, learning_rate=0.01,
-                                              device="cuda")  # fmt: skip
-        with torch.no_grad():
-            for t, w in enumerate(emb.split_embedding_weights()):
-                w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(t)).cuda() - 0.5)
-        emb.backward_launch = launch
-        emb(indices, offsets).backward(grad)
-        modules.append(emb)
+    modules, indices = cuda_zipf_steps(optimizer, (RunsLaunch(), hot16, hot16, RunsLaunch(hot_rows=64, hot_min_ids=0)))
     assert_bitwise_equal(modules[1], modules[2])
     for hot in (modules[1], modules[3]):
         torch.testing.assert_close(hot.weights, modules[0].weights, atol=1e-5, rtol=1e-5)

@@ -64,6 +64,32 @@ def test_hot_rows_train_like_the_reference(monkeypatch, optimizer, sample):
     assert len(counted) == 2 and all(c > 0 for c in counted)
 
 
+def test_hot_rows_with_int64_row_keys(monkeypatch):
+    """Row keys sorted as int64 (2**31 rows or more in all): the hot ids keyed as int64's
+    sentinel; the step is the reference's."""
+    monkeypatch.setattr(embedding_backward, "INT32_KEYS_BELOW", 0)
+    counted = _spy(monkeypatch)
+    emb = build("PARTIAL_ROWWISE_ADAM", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(HOT, hot_sample=8)
+    train_and_compare(emb, "PARTIAL_ROWWISE_ADAM", steps=2, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert len(counted) == 2 and all(c > 0 for c in counted)
+
+
+def test_hot_rows_with_int32_ids(monkeypatch):
+    """int32 ids and offsets: the same step as the default backward's up to fp32 sum order."""
+    counted = _spy(monkeypatch)
+    indices, offsets = make_bags([40, 25, 60], B=6, max_len=8, index_dtype=torch.int32, seed=9, hot_fraction=0.7)
+    modules = []
+    for launch in (RunsLaunch(), dataclasses.replace(HOT, hot_sample=8)):
+        emb = build("EXACT_ADAGRAD", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+        emb.backward_launch = launch
+        out = emb(indices, offsets)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(4)))
+        modules.append(emb)
+    torch.testing.assert_close(modules[1].weights, modules[0].weights, atol=1e-6, rtol=1e-6)
+    assert len(counted) == 1 and counted[0] > 0
+
+
 def test_hot_rows_fp16_weights(monkeypatch):
     counted = _spy(monkeypatch)
     emb = build("EXACT_ROWWISE_ADAGRAD", dtype=torch.float16, specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)

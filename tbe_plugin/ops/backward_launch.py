@@ -278,16 +278,17 @@ class RunsLaunch:
     radix_sizes: RadixSizes = RadixSizes()
     """``radix_sort``: the sort's launch sizes."""
     hot_rows: int = 0
-    """Candidate (off; 0): the ``hot_rows`` most frequent rows of each feature (a power of two
-    from 16 to 256), chosen from an even sample of its ids (``hot_sample`` a feature), are
-    summed apart: the positions kernel counts how often each sits in each bag (fp32 atomics
+    """Candidate (off; 0): the ``hot_rows`` most frequent rows of each table (a power of two
+    from 16 to 256), chosen from an even sample of its features' ids (``hot_sample`` a
+    feature, each feature's sample weighing the same), are summed apart: the positions kernel counts how often each sits in each bag (fp32 atomics
     of 1.0, exact integers, so the counts are the same whatever the order) and gives their
     ids the sentinel row (the sort puts them last, the pieces kernels skip them); their
     gradients are the counts times the feature's output-gradient columns
     (``hot_product.hot_sums``, fixed order) and one update kernel steps them. Sums in another
     order than the pieces kernel's, bitwise repeatable. For the pieces design, pooled (SUM,
-    MEAN) without per-sample weights, eager batches of ``hot_min_ids`` ids or more, tables of one
-    feature each; otherwise the backward runs without it. Probed on the H200 at 388cce3
+    MEAN) without per-sample weights, eager batches of ``hot_min_ids`` ids or more (a table read
+    by several features sums their counts' products in feature order); otherwise the backward
+    runs without it. Probed on the H200 at 388cce3
     (``benchmarks/probe_hot_dense``): ctr-dlrm's 16 hottest rows a table take 50% of its
     lookups; their product 0.20 ms against ~4 GB of gathers. Not timed in the backward."""
     hot_sample: int = 4096

@@ -51,7 +51,7 @@ from tbe_plugin.ops.backward_runs import (
     _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
-from tbe_plugin.ops.hot_product import hot_step, mean_bag_scale, select_hot_rows
+from tbe_plugin.ops.hot_product import HotTables, hot_step, hot_tables, mean_bag_scale, select_hot_rows
 from tbe_plugin.ops.radix_sort import sort_pairs
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -60,7 +60,6 @@ from tbe_plugin.ops.indexing import (
     _META_ROW_BASE,
     _META_ROWS,
     _META_WEIGHT_OFFSET,
-    META_ROW_BASE,
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs
 from tbe_plugin.ops.pieces_launch import _launch_pieces
@@ -97,7 +96,7 @@ def _positions_kernel(
     from), and the factor on that row (per-sample weight, 1/L for MEAN). A position in no
     bag (before the first offset or at or after the last) gets the sentinel row. HOT
     (``RunsLaunch.hot_rows``; 0: off): an id whose row is one of its feature's HOT hot rows
-    (``hot_ptr[feature]``, ascending, 2**LOG_HOT of them) adds 1.0 to its (feature, slot,
+    (``hot_ptr[feature]``, its table's, ascending, 2**LOG_HOT of them) adds 1.0 to its (feature, slot,
     bag) count in ``hot_counts`` and gets the sentinel row: the sort and the pieces skip it."""
     block = tl.program_id(0).to(tl.int64)
     p = block * BLOCK + tl.arange(0, BLOCK)
@@ -300,19 +299,21 @@ def backward_update(
     psw = per_sample_weights if weighted else scale
     window = positions_window(offsets, N, POSITIONS_BLOCK)
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
-    hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, grad_cell, N, feature_meta) else 0
-    hot_rows = hot_counts = rows  # never read without it
+    hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, grad_cell, N) else 0
+    hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
     if hot:
-        hot_rows = select_hot_rows(indices, offsets, feature_meta, B, hot, launch.hot_sample, bounds_check, total_rows)
+        tables = _hot_tables_of(feature_meta)
+        hot_rows, feature_hot_rows = select_hot_rows(indices, offsets, feature_meta, tables, B, hot, launch.hot_sample,
+                                                     bounds_check, total_rows)  # fmt: skip
         hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
     _positions_kernel[(window.numel() - 1,)](
         feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
-        sentinel, hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
+        sentinel, feature_hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
         HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
     )  # fmt: skip
     if hot:
-        hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, hot_rows, hot_counts, args, align,
-                 total_rows, max_dim, mean_bag_scale(offsets, N) if mean else None)  # fmt: skip
+        hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tables, hot_rows, hot_counts, args,
+                 align, total_rows, max_dim, mean_bag_scale(offsets, N) if mean else None)  # fmt: skip
     block_d = max(16, next_power_of_2(max_dim))
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
@@ -352,24 +353,23 @@ def backward_update(
 
 _CLASS_ROWS: dict = {}
 # Per feature-metadata tensor (by id, with a weak reference that proves it is the same one):
-# whether every table is read by one feature (a host check once per tensor).
-_ONE_FEATURE_TABLES: dict = {}
+# which features read which table (``hot_product.hot_tables``: a host read once per tensor).
+_HOT_TABLES: dict = {}
 
 
-def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, grad_cell, num_ids: int,
-                 feature_meta: torch.Tensor) -> bool:  # fmt: skip
+def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, grad_cell, num_ids: int) -> bool:
     """Whether ``RunsLaunch.hot_rows`` applies: the pieces design, pooled (SUM or MEAN) without
-    per-sample weights, an eager batch of ``hot_min_ids`` or more, every table read by one
-    feature (a row hot for one feature must be hot for every feature of its table)."""
+    per-sample weights, an eager batch of ``hot_min_ids`` or more."""
     if not launch.hot_rows or launch.design != "pieces" or pooling == Pooling.NONE or weighted:
         return False
-    if grad_cell is not None or num_ids < max(launch.hot_min_ids, 1):
-        return False
-    known = _ONE_FEATURE_TABLES.get(id(feature_meta))
+    return grad_cell is None and num_ids >= max(launch.hot_min_ids, 1)
+
+
+def _hot_tables_of(feature_meta: torch.Tensor) -> HotTables:
+    known = _HOT_TABLES.get(id(feature_meta))
     if known is None or known[0]() is not feature_meta:
-        bases = feature_meta[:, META_ROW_BASE]
-        known = (weakref.ref(feature_meta), bool(torch.unique(bases).numel() == bases.numel()))
-        _ONE_FEATURE_TABLES[id(feature_meta)] = known
+        known = (weakref.ref(feature_meta), hot_tables(feature_meta))
+        _HOT_TABLES[id(feature_meta)] = known
     return known[1]
 
 

@@ -1,7 +1,7 @@
-"""Each feature's hottest rows summed apart from the sort (``RunsLaunch.hot_rows``).
+"""Each table's hottest rows summed apart from the sort (``RunsLaunch.hot_rows``).
 
-``select_hot_rows`` chooses them from an even sample of each feature's ids; the positions
-kernel counts how often each sits in each bag; ``hot_sums`` turns the counts into their
+``select_hot_rows`` chooses them from an even sample of the ids of each table's features;
+the positions kernel counts how often each sits in each bag of each feature; ``hot_sums`` turns the counts into their
 gradient sums, ``sums[f] = counts[f] @ grad[:, columns of f]``; ``_hot_update_kernel`` steps
 their rows (``benchmarks/probe_hot_dense.py`` times the product against cuBLAS). ``counts`` is
 (F, K, B) fp32: how often feature f's hot row k sits in bag b (exact small integers);
@@ -14,6 +14,8 @@ adds a feature's slices in slice order.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -34,13 +36,44 @@ from tbe_plugin.ops.optimizers import apply_update, load_row_state
 from tbe_plugin.ops.update_operands import _update_operands
 
 
-def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: torch.Tensor, batch_size: int,
-                    hot: int, sample: int, bounds_check: bool, pad: int) -> torch.Tensor:  # fmt: skip
-    """(F, hot) int64: per feature the global rows most frequent among ``sample`` of its ids
-    taken at evenly spaced positions (fewer distinct rows: the rest ``pad``), ascending.
-    Ties go to the lower row; ids outside their table read as row 0 under ``bounds_check``
-    (the positions kernel's repair), offsets are clamped into the ids. All on the device, no
-    host sync; the choice depends on the batch alone."""
+class HotTables(NamedTuple):
+    """Which features read which table (features sharing a table share its hot rows), on the
+    device: ``feature_table`` (F,) each feature's table; ``table_base`` (T,) each table's first
+    global row, ascending; ``members`` (T, M) each table's features in increasing order, padded
+    with F; ``table_meta`` (T, META_COLS) the metadata of each table's first feature."""
+
+    feature_table: torch.Tensor
+    table_base: torch.Tensor
+    members: torch.Tensor
+    table_meta: torch.Tensor
+
+
+def hot_tables(feature_meta: torch.Tensor) -> HotTables:
+    """``HotTables`` of a module's feature metadata (tables told apart by their first global
+    row). Reads the metadata on the host: one device sync, once per module (the caller keeps
+    the result)."""
+    bases = feature_meta[:, META_ROW_BASE].tolist()
+    table_base = sorted(set(bases))
+    index = {base: t for t, base in enumerate(table_base)}
+    feature_table = [index[base] for base in bases]
+    groups = [[f for f, t in enumerate(feature_table) if t == table] for table in range(len(table_base))]
+    width = max((len(g) for g in groups), default=1)
+    members = [g + [len(bases)] * (width - len(g)) for g in groups]
+    device = feature_meta.device
+    first = torch.tensor([g[0] for g in groups], dtype=torch.int64, device=device)
+    return HotTables(torch.tensor(feature_table, dtype=torch.int64, device=device),
+                     torch.tensor(table_base, dtype=torch.int64, device=device),
+                     torch.tensor(members, dtype=torch.int64, device=device).reshape(len(groups), width),
+                     feature_meta[first].contiguous())  # fmt: skip
+
+
+def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: torch.Tensor, tables: HotTables,
+                    batch_size: int, hot: int, sample: int, bounds_check: bool, pad: int):  # fmt: skip
+    """((T, hot), (F, hot)) int64: per table the global rows most frequent among ``sample`` ids
+    of each of its features, taken at evenly spaced positions (fewer distinct rows: the rest
+    ``pad``), ascending; then each feature's row of its table's. Ties go to the lower row; ids
+    outside their table read as row 0 under ``bounds_check`` (the positions kernel's repair),
+    offsets are clamped into the ids. On the device, no host sync; the batch alone decides."""
     F, N, device = feature_meta.shape[0], indices.numel(), indices.device
     bounds = offsets[::batch_size].long().clamp(0, N)
     starts, ends = bounds[:F], torch.maximum(bounds[1 : F + 1], bounds[:F])
@@ -50,21 +83,28 @@ def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: 
     ids = indices[pos].long() if N else torch.zeros_like(pos)
     if bounds_check:
         ids = torch.where((ids < 0) | (ids >= feature_meta[:, META_ROWS, None]), 0, ids)
-    rows = torch.where(lengths > 0, feature_meta[:, META_ROW_BASE, None] + ids, pad)
-    rows = torch.sort(rows, dim=1).values
-    index = steps.expand(F, sample)
+    rows = torch.sort(torch.where(lengths > 0, feature_meta[:, META_ROW_BASE, None] + ids, pad).flatten()).values
+    # Each distinct row's count over its table's samples: run lengths, by a reverse running
+    # minimum of the runs' heads (rows of different tables never meet: global numbers).
+    total = rows.numel()
+    index = torch.arange(total, device=device)
     head = torch.ones_like(rows, dtype=torch.bool)
-    head[:, 1:] = rows[:, 1:] != rows[:, :-1]
-    # Each head's run length: the next head's index minus its own (a reverse running minimum).
-    later = torch.where(head, index, sample)[:, 1:]
-    later = torch.cat([later, torch.full((F, 1), sample, device=device)], 1)
-    next_head = torch.flip(torch.cummin(torch.flip(later, [1]), 1).values, [1])
-    counts = torch.where(head & (rows != pad), next_head - index, 0)
-    order = torch.sort(counts, dim=1, descending=True, stable=True).indices[:, :hot]
-    chosen = torch.where(torch.gather(counts, 1, order) > 0, torch.gather(rows, 1, order), pad)
-    if chosen.shape[1] < hot:
-        chosen = torch.cat([chosen, torch.full((F, hot - chosen.shape[1]), pad, device=device)], 1)
-    return torch.sort(chosen, dim=1).values
+    head[1:] = rows[1:] != rows[:-1]
+    later = torch.cat([torch.where(head, index, total)[1:], torch.full((1,), total, device=device)])
+    counts = torch.where(head & (rows != pad), torch.flip(torch.cummin(torch.flip(later, [0]), 0).values, [0]) - index,
+                         0)  # fmt: skip
+    # Each table's rows by count, most first (stable: ties stay in row order), then its first `hot`.
+    table = (torch.searchsorted(tables.table_base, rows, right=True) - 1).clamp_(min=0)
+    key = table * 2**32 + (2**32 - 1 - counts)
+    key, order = torch.sort(key, stable=True)
+    T = tables.table_base.numel()
+    first = torch.searchsorted(key, torch.arange(T + 1, device=device) * 2**32)
+    take = first[:T, None] + torch.arange(hot, device=device)[None, :]
+    inside = take < first[1:, None]
+    take = take.clamp_(max=total - 1)
+    chosen = torch.where(inside & (counts[order][take] > 0), rows[order][take], pad)
+    per_table = torch.sort(chosen, dim=1).values
+    return per_table, per_table[tables.feature_table].contiguous()
 
 
 @triton.jit
@@ -160,8 +200,9 @@ def _hot_update_kernel(
     HOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr,
     WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """One optimizer step on ROWS of feature f's hot rows with their summed gradients; slots
-    holding no row (``pad``) or a row the batch did not touch are skipped."""
+    """One optimizer step on ROWS of table f's hot rows with their summed gradients (``sums``
+    and ``feature_meta`` a row a table); slots holding no row (``pad``) or a row the batch did
+    not touch are skipped."""
     f = tl.program_id(0).to(tl.int64)
     slots = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     row = tl.load(hot_ptr + f * HOT + slots)
@@ -194,19 +235,26 @@ def mean_bag_scale(offsets: torch.Tensor, num_indices: int) -> torch.Tensor:
     return torch.reciprocal(lengths.to(torch.float32))
 
 
-def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, hot_rows, hot_counts, args, align: int,
-             pad: int, max_dim: int, bag_scale=None) -> None:  # fmt: skip
-    """The hot rows' share of the backward, after the positions kernel counted them: their
-    gradient sums (``hot_sums``; ``bag_scale`` for MEAN) and one optimizer step on every hot
-    row the batch touched."""
+def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tables: HotTables, hot_rows, hot_counts,
+             args, align: int, pad: int, max_dim: int, bag_scale=None) -> None:  # fmt: skip
+    """The hot rows' share of the backward, after the positions kernel counted them per
+    feature: their gradient sums (``hot_sums``; ``bag_scale`` for MEAN), added over each
+    table's features in feature order, and one optimizer step on every hot row of a table
+    the batch touched. ``hot_rows``: the tables' hot rows (``select_hot_rows``' first)."""
     F, K, _ = hot_counts.shape
+    T = hot_rows.shape[0]
     if F == 0:
         return
     sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM],
                     bag_scale=bag_scale)  # fmt: skip
-    touched = (hot_counts.sum(2) > 0).to(torch.int8)
+    touched = hot_counts.sum(2) > 0
+    if tables.members.shape[1] > 1:  # shared tables: a zero slab for the padding, a sum over each table's features
+        sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)
+        touched = torch.cat([touched, touched.new_zeros(1, K)])[tables.members].any(1)
+    else:
+        sums, touched = sums[tables.members[:, 0]], touched[tables.members[:, 0]]
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, hot_rows, align)
-    _hot_update_kernel[(F, K // HOT_UPDATE_ROWS)](
-        hot_rows, touched, sums, feature_meta, weights, m1, m2, step, hyper, sums.stride(1), pad, HOT=K,
-        ROWS=HOT_UPDATE_ROWS, BLOCK_D=max(16, next_power_of_2(max_dim)), **modes,
+    _hot_update_kernel[(T, K // HOT_UPDATE_ROWS)](
+        hot_rows, touched.to(torch.int8), sums, tables.table_meta, weights, m1, m2, step, hyper, sums.stride(1), pad,
+        HOT=K, ROWS=HOT_UPDATE_ROWS, BLOCK_D=max(16, next_power_of_2(max_dim)), **modes,
     )  # fmt: skip

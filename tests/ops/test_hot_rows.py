@@ -30,14 +30,32 @@ def test_select_hot_rows_by_sampled_frequency():
     indices = torch.tensor([5, 1, 5, 2, 5, 1, 2, 5, 3, 12])
     offsets = torch.tensor([0, 4, 8, 9, 10])  # B = 2
     meta = _meta([10, 10], [0, 10])
-    got = hot_product.select_hot_rows(indices, offsets, meta, 2, 16, 8, True, 99)
-    assert got.shape == (2, 16)
+    tables = hot_product.hot_tables(meta)
+    per_table, got = hot_product.select_hot_rows(indices, offsets, meta, tables, 2, 16, 8, True, 99)
+    assert got.shape == (2, 16) and torch.equal(per_table, got)  # a table a feature
     assert got[0, :3].tolist() == [1, 2, 5] and (got[0, 3:] == 99).all()
     assert got[1, :2].tolist() == [10, 13] and (got[1, 2:] == 99).all()
-    small = hot_product.select_hot_rows(indices, offsets, meta, 2, 16, 8, False, 99)
+    _, small = hot_product.select_hot_rows(indices, offsets, meta, tables, 2, 16, 8, False, 99)
     assert small[1, :2].tolist() == [13, 22]  # unchecked: the bad id's row as given
     # Sampling 2 of feature 0's 8 ids (positions 0 and 4): rows 5 and 5.
-    assert hot_product.select_hot_rows(indices, offsets, meta, 2, 16, 2, True, 99)[0, 0].item() == 5
+    assert hot_product.select_hot_rows(indices, offsets, meta, tables, 2, 16, 2, True, 99)[1][0, 0].item() == 5
+
+
+def test_select_hot_rows_of_a_shared_table():
+    """Features 0 and 2 read one table (base 0), feature 1 another (base 10): the shared
+    table's hot rows come from both features' samples, and both features get them. Each
+    feature's sample of 8 weighs the same: feature 0's 4 ids twice each, feature 2's 2 ids
+    four times, so row 4 (once in feature 0, twice in feature 2) has 10 samples against row
+    6's 4 and takes the one slot (too few for tl.dot, but select_hot_rows takes any count)."""
+    indices = torch.tensor([6, 6, 4, 1, 2, 3, 4, 4])
+    offsets = torch.tensor([0, 2, 4, 5, 6, 7, 8])  # B = 2: feature 0 ids 0..3, 1 ids 4..5, 2 ids 6..7
+    meta = _meta([10, 10, 10], [0, 10, 0])
+    tables = hot_product.hot_tables(meta)
+    assert tables.feature_table.tolist() == [0, 1, 0] and tables.members.tolist() == [[0, 2], [1, 3]]
+    per_table, per_feature = hot_product.select_hot_rows(indices, offsets, meta, tables, 2, 1, 8, True, 99)
+    assert per_table.tolist() == [[4], [12]] and per_feature.tolist() == [[4], [12], [4]]
+    per_table, _ = hot_product.select_hot_rows(indices, offsets, meta, tables, 2, 4, 8, True, 99)
+    assert per_table.tolist() == [[1, 4, 6, 99], [12, 13, 99, 99]]
 
 
 def _spy(monkeypatch):
@@ -45,7 +63,7 @@ def _spy(monkeypatch):
     step = embedding_backward.hot_step
 
     def spy(*args, **kwargs):
-        counted.append(float(args[7].sum()))  # the hot ids counted in this step (args[7]: hot_counts)
+        counted.append(float(args[8].sum()))  # the hot ids counted in this step (args[8]: hot_counts)
         return step(*args, **kwargs)
 
     monkeypatch.setattr(embedding_backward, "hot_step", spy)
@@ -155,13 +173,24 @@ def test_mean_bag_scale_follows_the_positions_rule():
     assert torch.equal(hot_product.mean_bag_scale(offsets, 10), want)
 
 
-@pytest.mark.parametrize("case", ["shared-table", "weighted", "below-min-ids"])
-def test_hot_rows_off_where_they_do_not_apply(monkeypatch, case):
-    """A table read by two features, per-sample weights, a batch under hot_min_ids: the
-    backward runs without the hot rows (and trains like the reference)."""
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_hot_rows_of_shared_tables(monkeypatch, optimizer, pooling):
+    """Tables 0 and 1 each read by two features: a hot row's gradient sums both features'
+    counts (in feature order), one step a row; most ids hot (sample 8) beside the pieces."""
     counted = _spy(monkeypatch)
-    ftm = [0, 1, 2, 0] if case == "shared-table" else [0, 1, 2]
-    emb = build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=ftm, learning_rate=0.05)
+    emb = build(optimizer, pooling=pooling, specs=SPECS, ftm=[0, 1, 2, 0, 1], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(HOT, hot_sample=8)
+    train_and_compare(emb, optimizer, steps=2, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert len(counted) == 2 and all(c > 0 for c in counted)
+
+
+@pytest.mark.parametrize("case", ["weighted", "below-min-ids"])
+def test_hot_rows_off_where_they_do_not_apply(monkeypatch, case):
+    """Per-sample weights, a batch under hot_min_ids: the backward runs without the hot rows
+    (and trains like the reference)."""
+    counted = _spy(monkeypatch)
+    emb = build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
     emb.backward_launch = dataclasses.replace(HOT, hot_min_ids=10**6) if case == "below-min-ids" else HOT
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=1, B=6, max_len=8, hot=0.6, weighted=case == "weighted",
                       lr=0.05)  # fmt: skip

@@ -461,10 +461,9 @@ def skew_stats(workload: Workload, indices: torch.Tensor, offsets: torch.Tensor)
             continue
         counts = torch.unique(ids, return_counts=True)[1]
         distinct.append(counts.numel())
-        hottest = min(math.ceil(HOT_ROW_FRACTION * rows), counts.numel())
-        hot += int(torch.topk(counts, hottest, sorted=False).values.sum())
-        max_run = max(max_run, int(counts.max()))
         descending = torch.sort(counts, descending=True).values
+        hot += int(descending[: math.ceil(HOT_ROW_FRACTION * rows)].sum())
+        max_run = max(max_run, int(descending[0]))
         for k in TOP_ROWS:
             top[k] += int(descending[:k].sum())
     lookups = indices.numel()

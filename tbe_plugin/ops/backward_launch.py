@@ -280,7 +280,8 @@ class RunsLaunch:
     hot_rows: int = 0
     """Candidate (off; 0): the ``hot_rows`` most frequent rows of each table (a power of two
     from 16 to 256), chosen from an even sample of its features' ids (``hot_sample`` a
-    feature, each feature's sample weighing the same), are summed apart: the positions kernel counts how often each sits in each bag (fp32 atomics
+    feature, each feature's sample weighing the same), are summed apart: the positions
+    kernel counts how often each sits in each bag (fp32 atomics
     of 1.0, exact integers, so the counts are the same whatever the order) and gives their
     ids the sentinel row (the sort puts them last, the pieces kernels skip them); their
     gradients are the counts times the feature's output-gradient columns

@@ -1,8 +1,9 @@
 """Each table's hottest rows summed apart from the sort (``RunsLaunch.hot_rows``).
 
 ``select_hot_rows`` chooses them from an even sample of the ids of each table's features;
-the positions kernel counts how often each sits in each bag of each feature; ``hot_sums`` turns the counts into their
-gradient sums, ``sums[f] = counts[f] @ grad[:, columns of f]``; ``_hot_update_kernel`` steps
+the positions kernel counts how often each sits in each bag of each feature; ``hot_sums``
+turns the counts into their gradient sums, ``sums[f] = counts[f] @ grad[:, columns of f]``;
+``_hot_update_kernel`` steps
 their rows (``benchmarks/probe_hot_dense.py`` times the product against cuBLAS). ``counts`` is
 (F, K, B) fp32: how often feature f's hot row k sits in bag b (exact small integers);
 ``grad`` the (B, sum D) output gradient; feature f's D columns start at ``col_offsets[f]``.
@@ -172,6 +173,9 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
         raise ValueError(f"hot_sums: grad must be (B={B}, sum D) with unit column stride, got {tuple(grad.shape)}")
     if split_b % block_b:
         raise ValueError(f"hot_sums: split_b ({split_b}) must be a multiple of block_b ({block_b})")
+    if bag_scale is not None and (bag_scale.dtype != torch.float32 or bag_scale.numel() != F * B):
+        raise ValueError(f"hot_sums: bag_scale must be fp32 with F*B={F * B} entries, got {bag_scale.dtype} "
+                         f"{tuple(bag_scale.shape)}")  # fmt: skip
     max_dim = int(dims.max()) if F else 0
     blocks = triton.cdiv(max(max_dim, 1), block_d)
     width = blocks * block_d
@@ -181,9 +185,6 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     sums = torch.zeros(F, K, width, dtype=torch.float32, device=grad.device)
     if F == 0 or B == 0:
         return sums[:, :, :max_dim]
-    if bag_scale is not None and (bag_scale.dtype != torch.float32 or bag_scale.numel() != F * B):
-        raise ValueError(f"hot_sums: bag_scale must be fp32 with F*B={F * B} entries, got {bag_scale.dtype} "
-                         f"{tuple(bag_scale.shape)}")  # fmt: skip
     _hot_partials_kernel[(F, slices, blocks)](
         counts, grad, col_offsets, dims, partials, counts if bag_scale is None else bag_scale.contiguous(), B,
         grad.stride(0), slices, K=K, BLOCK_B=block_b, BLOCK_D=block_d, SPLIT_B=split_b, SCALED=bag_scale is not None,
@@ -248,11 +249,9 @@ def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tab
     sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM],
                     bag_scale=bag_scale)  # fmt: skip
     touched = hot_counts.sum(2) > 0
-    if tables.members.shape[1] > 1:  # shared tables: a zero slab for the padding, a sum over each table's features
-        sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)
-        touched = torch.cat([touched, touched.new_zeros(1, K)])[tables.members].any(1)
-    else:
-        sums, touched = sums[tables.members[:, 0]], touched[tables.members[:, 0]]
+    # Per table: its features' sums added in feature order (members padded with F: a zero slab).
+    sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)
+    touched = torch.cat([touched, touched.new_zeros(1, K)])[tables.members].any(1)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, hot_rows, align)
     _hot_update_kernel[(T, K // HOT_UPDATE_ROWS)](
         hot_rows, touched.to(torch.int8), sums, tables.table_meta, weights, m1, m2, step, hyper, sums.stride(1), pad,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~3 minutes): RunsLaunch.hot_rows (each feature's hottest rows summed apart)
+# One device call (~3 minutes): RunsLaunch.hot_rows (each table's hottest rows summed apart)
 # against the default: its GPU tests, profile_backward on the skewed configs (default, hot16,
 # hot64), and the end to end under SparseDist and staleness 1 with hot16. Results under $OUT:
 # device.txt, gpu_tests.log, profile_backward.json, e2e.{json,md}.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~8 minutes) for the next session: RunsLaunch.hot_rows (each feature's
+# One device call (~8 minutes) for the next session: RunsLaunch.hot_rows (each table's
 # hottest rows summed apart as counts times the output gradient; built at 8fc26f9, CPU-tested,
 # never run on the GPU). First its GPU tests (scripts/device_hot.sh: tests, profile of
 # default/hot16/hot64 on ctr-dlrm, ctr-mix, long-bags, the end to end under SparseDist and

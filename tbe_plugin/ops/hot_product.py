@@ -85,15 +85,16 @@ def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: 
     if bounds_check:
         ids = torch.where((ids < 0) | (ids >= feature_meta[:, META_ROWS, None]), 0, ids)
     rows = torch.sort(torch.where(lengths > 0, feature_meta[:, META_ROW_BASE, None] + ids, pad).flatten()).values
-    # Each distinct row's count over its table's samples: run lengths, by a reverse running
-    # minimum of the runs' heads (rows of different tables never meet: global numbers).
+    # Each distinct row's count over its table's samples: its run's length (rows of different
+    # tables never meet: global numbers).
     total = rows.numel()
     index = torch.arange(total, device=device)
     head = torch.ones_like(rows, dtype=torch.bool)
     head[1:] = rows[1:] != rows[:-1]
-    later = torch.cat([torch.where(head, index, total)[1:], torch.full((1,), total, device=device)])
-    counts = torch.where(head & (rows != pad), torch.flip(torch.cummin(torch.flip(later, [0]), 0).values, [0]) - index,
-                         0)  # fmt: skip
+    # A run's length: where its row's run ends (a binary search) less where it starts. (A
+    # reverse running minimum of the heads took 0.33-1.1 ms on the H200 at 90fa92d.)
+    ends = torch.searchsorted(rows, rows, right=True)
+    counts = torch.where(head & (rows != pad), ends - index, 0)
     # Each table's rows by count, most first (stable: ties stay in row order), then its first `hot`.
     table = (torch.searchsorted(tables.table_base, rows, right=True) - 1).clamp_(min=0)
     key = table * 2**32 + (2**32 - 1 - counts)
@@ -158,12 +159,13 @@ def _hot_sum_kernel(partials_ptr, sums_ptr, dims_ptr, slices, width, K: tl.const
 
 def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor, dims: torch.Tensor,
              split_b: int = 1024, block_b: int = 64, block_d: int = 64, num_warps: int = 4,
-             bag_scale: "torch.Tensor | None" = None) -> torch.Tensor:  # fmt: skip
+             bag_scale: "torch.Tensor | None" = None, max_dim: "int | None" = None) -> torch.Tensor:  # fmt: skip
     """(F, K, max D) fp32: ``counts[f] @ grad[:, col_offsets[f] : col_offsets[f] + dims[f]]``, zero past
     each feature's D. ``counts`` (F, K, B) fp32 with K a power of two >= 16; ``grad`` (B, sum D),
     unit column stride; ``col_offsets``/``dims`` int64 on ``grad``'s device. ``bag_scale``: (F * B,)
     fp32 factors of each bag (MEAN's 1/L), on its counts before the product (the backward puts
-    them on each id's gradient row: the same sum up to fp32 rounding). Bitwise repeatable."""
+    them on each id's gradient row: the same sum up to fp32 rounding). ``max_dim``: at least
+    ``dims.max()`` (read from ``dims`` when None: a device sync). Bitwise repeatable."""
     if counts.dim() != 3 or counts.dtype != torch.float32:
         raise ValueError(f"hot_sums: counts must be (F, K, B) fp32, got {counts.dtype} of shape {tuple(counts.shape)}")
     F, K, B = counts.shape
@@ -176,7 +178,8 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     if bag_scale is not None and (bag_scale.dtype != torch.float32 or bag_scale.numel() != F * B):
         raise ValueError(f"hot_sums: bag_scale must be fp32 with F*B={F * B} entries, got {bag_scale.dtype} "
                          f"{tuple(bag_scale.shape)}")  # fmt: skip
-    max_dim = int(dims.max()) if F else 0
+    if max_dim is None:
+        max_dim = int(dims.max()) if F else 0
     blocks = triton.cdiv(max(max_dim, 1), block_d)
     width = blocks * block_d
     slices = triton.cdiv(B, split_b)
@@ -247,7 +250,7 @@ def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tab
     if F == 0:
         return
     sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM],
-                    bag_scale=bag_scale)  # fmt: skip
+                    bag_scale=bag_scale, max_dim=max_dim)  # fmt: skip
     touched = hot_counts.sum(2) > 0
     # Per table: its features' sums added in feature order (members padded with F: a zero slab).
     sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)

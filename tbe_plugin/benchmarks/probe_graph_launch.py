@@ -77,6 +77,56 @@ def _kernel_count(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name)
 
 
+class _Stopwatch:
+    """Wraps functions (by module attribute) to add up their host µs per name while on."""
+
+    def __init__(self, targets: list[tuple[object, str]]):
+        self.totals: dict[str, float] = {}
+        self.saved = []
+        for owner, name in targets:
+            original = getattr(owner, name)
+            label = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
+            self.saved.append((owner, name, original))
+            setattr(owner, name, self._wrap(original, label))
+
+    def _wrap(self, fn, label: str):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[label] = self.totals.get(label, 0.0) + (time.perf_counter() - start) * 1e6
+
+        return staticmethod(timed) if isinstance(fn, staticmethod) else timed
+
+    def restore(self) -> None:
+        for owner, name, original in self.saved:
+            setattr(owner, name, original)
+
+
+def split_host(backward, forward, calls: int) -> dict:
+    """Host µs a backward call spends in each layer of ours (medians over ``calls`` calls from
+    an idle device): the autograd Function's backward, ``fused_update``, the graphs' backward,
+    the step vector, the replay; the whole call's too."""
+    import tbe_plugin.module as module_file
+    import tbe_plugin.ops.backward_graphs as graphs_file
+
+    watch = _Stopwatch([(module_file._FusedLookup, "backward"), (module_file, "fused_update"),
+                        (graphs_file.BackwardGraphs, "backward"), (graphs_file, "step_vector"),
+                        (torch.cuda.CUDAGraph, "replay")])  # fmt: skip
+    samples: dict[str, list[float]] = {}
+    try:
+        for _ in range(calls):
+            forward()
+            watch.totals.clear()
+            total = _median_us(backward, 1)
+            for label, us in [("call", total), *watch.totals.items()]:
+                samples.setdefault(label, []).append(us)
+    finally:
+        watch.restore()
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
 def probe_config(cfg, calls: int, with_fbgemm: bool) -> dict:
     from tbe_plugin.ops.backward_graphs import step_vector
     from tbe_plugin.ops.optimizers import OptimizerArgs
@@ -105,6 +155,7 @@ def probe_config(cfg, calls: int, with_fbgemm: bool) -> dict:
         forward()
         wall.append(_median_us(backward, 1, wall=True))
     entry["ours"] = {"backward_host_us": statistics.median(host), "backward_wall_us": statistics.median(wall)}
+    entry["ours"]["host_split_us"] = split_host(backward, forward, calls)
     captured = [e for e in ours.backward_graphs._entries.values() if e.graph]
     if captured:
         graph = captured[-1].graph

@@ -291,7 +291,14 @@ class RunsLaunch:
     by several features sums their counts' products in feature order); otherwise the backward
     runs without it. Probed on the H200 at 388cce3
     (``benchmarks/probe_hot_dense``): ctr-dlrm's 16 hottest rows a table take 50% of its
-    lookups; their product 0.20 ms against ~4 GB of gathers. Not timed in the backward."""
+    lookups; their product 0.20 ms against ~4 GB of gathers. **Timed in the backward it
+    loses** (H200, ad9fad4, ``profile_backward``, ms a backward, default / hot16 / hot64):
+    ctr-dlrm 3.09 / 5.55 / 5.41, long bags 3.69 / 6.13 / 5.91. The kernels' device time
+    barely moves (ctr-dlrm's ten largest: 2.81 / 2.72 / 2.78 ms): the pieces kernel gives
+    back 0.35 ms (1.43 -> 1.08), the positions kernel's counting takes 0.21 of it (0.15 ->
+    0.36), the product 0.11 and the choice the rest; the sort keeps its size (hot ids stay
+    in it, as the sentinel). The other ~2.5 ms are host-side, not explained. Off; kept as
+    a measured candidate (``profile_backward``'s ``hot16``, ``hot64``)."""
     hot_sample: int = 4096
     """``hot_rows``: ids sampled per feature (evenly spaced) to choose the hot rows."""
     hot_min_ids: int = 1 << 20

@@ -297,8 +297,11 @@ class RunsLaunch:
     barely moves (ctr-dlrm's ten largest: 2.81 / 2.72 / 2.78 ms): the pieces kernel gives
     back 0.35 ms (1.43 -> 1.08), the positions kernel's counting takes 0.21 of it (0.15 ->
     0.36), the product 0.11 and the choice the rest; the sort keeps its size (hot ids stay
-    in it, as the sentinel). The other ~2.5 ms are host-side, not explained. Off; kept as
-    a measured candidate (``profile_backward``'s ``hot16``, ``hot64``)."""
+    in it, as the sentinel). The rest is host time (2f5a1b5, no device sync on either path):
+    choosing the rows takes ~1.2 ms of host time a backward and ``hot_step`` ~0.5 (some 50
+    small torch ops at ~25-35 us each on the device machine's host), all before the large
+    kernels, so the device idles through it. Off; kept as a measured candidate
+    (``profile_backward``'s ``hot16``, ``hot64``)."""
     hot_sample: int = 4096
     """``hot_rows``: ids sampled per feature (evenly spaced) to choose the hot rows."""
     hot_min_ids: int = 1 << 20

@@ -51,7 +51,7 @@ from tbe_plugin.ops.backward_runs import (
     _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
-from tbe_plugin.ops.hot_product import HotTables, hot_step, hot_tables, mean_bag_scale, select_hot_rows
+from tbe_plugin.ops.hot_product import HotTables, choose_hot_rows, hot_step, hot_tables, mean_bag_scale
 from tbe_plugin.ops.radix_sort import sort_pairs
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -303,7 +303,7 @@ def backward_update(
     hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
     if hot:
         tables = _hot_tables_of(feature_meta)
-        hot_rows, feature_hot_rows = select_hot_rows(indices, offsets, feature_meta, tables, B, hot, launch.hot_sample,
+        hot_rows, feature_hot_rows = choose_hot_rows(indices, offsets, feature_meta, tables, B, hot, launch.hot_sample,
                                                      bounds_check, total_rows)  # fmt: skip
         hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
     _positions_kernel[(window.numel() - 1,)](

@@ -27,6 +27,7 @@ from tbe_plugin.ops.indexing import (
     _META_COLS,
     _META_DIM,
     _META_ROW_BASE,
+    _META_ROWS,
     _META_WEIGHT_OFFSET,
     META_DIM,
     META_OUT_OFFSET,
@@ -41,12 +42,19 @@ class HotTables(NamedTuple):
     """Which features read which table (features sharing a table share its hot rows), on the
     device: ``feature_table`` (F,) each feature's table; ``table_base`` (T,) each table's first
     global row, ascending; ``members`` (T, M) each table's features in increasing order, padded
-    with F; ``table_meta`` (T, META_COLS) the metadata of each table's first feature."""
+    with F; ``table_meta`` (T, META_COLS) the metadata of each table's first feature;
+    ``out_offsets``/``dims`` (F,) each feature's first output column and D; on the host,
+    ``max_rows`` the most rows a table has and ``single`` whether table t is read by feature
+    t alone, for every t (then a feature's sums are its table's)."""
 
     feature_table: torch.Tensor
     table_base: torch.Tensor
     members: torch.Tensor
     table_meta: torch.Tensor
+    out_offsets: torch.Tensor
+    dims: torch.Tensor
+    max_rows: int
+    single: bool
 
 
 def hot_tables(feature_meta: torch.Tensor) -> HotTables:
@@ -54,6 +62,7 @@ def hot_tables(feature_meta: torch.Tensor) -> HotTables:
     row). Reads the metadata on the host: one device sync, once per module (the caller keeps
     the result)."""
     bases = feature_meta[:, META_ROW_BASE].tolist()
+    max_rows = max(feature_meta[:, META_ROWS].tolist(), default=0)
     table_base = sorted(set(bases))
     index = {base: t for t, base in enumerate(table_base)}
     feature_table = [index[base] for base in bases]
@@ -65,7 +74,9 @@ def hot_tables(feature_meta: torch.Tensor) -> HotTables:
     return HotTables(torch.tensor(feature_table, dtype=torch.int64, device=device),
                      torch.tensor(table_base, dtype=torch.int64, device=device),
                      torch.tensor(members, dtype=torch.int64, device=device).reshape(len(groups), width),
-                     feature_meta[first].contiguous())  # fmt: skip
+                     feature_meta[first].contiguous(), feature_meta[:, META_OUT_OFFSET].contiguous(),
+                     feature_meta[:, META_DIM].contiguous(), max_rows,
+                     all(g == [t] for t, g in enumerate(groups)))  # fmt: skip
 
 
 def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: torch.Tensor, tables: HotTables,
@@ -107,6 +118,86 @@ def select_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: 
     chosen = torch.where(inside & (counts[order][take] > 0), rows[order][take], pad)
     per_table = torch.sort(chosen, dim=1).values
     return per_table, per_table[tables.feature_table].contiguous()
+
+
+@triton.jit
+def _smaller(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _choose_hot_kernel(
+    indices_ptr, offsets_ptr, meta_ptr, members_ptr, per_table_ptr, per_feature_ptr, B, N, F, pad, sample,
+    K: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, CHECK: tl.constexpr,
+):  # fmt: skip
+    """``select_hot_rows`` for table ``program_id(0)`` in one program, on int32 keys: its M
+    member features' ``sample`` ids each (slot ``i``: member ``i // sample``, sample ``i %
+    sample``) as rows of the table, sorted; each distinct row's count (the next run's head
+    less its own, by a reverse running minimum); the heads keyed by count, then position
+    (the lower row first), and sorted, most first; the first K rows kept,
+    sorted ascending, as global rows padded with ``pad``; stored for the table and for each of
+    its features. Rows of a table are below 2**31 - 1 (int32)."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    inside = i < M * sample
+    f = tl.load(members_ptr + t * M + i // sample, mask=inside, other=F)
+    live = inside & (f < F)
+    f = tl.where(live, f, 0)
+    start = tl.minimum(tl.maximum(tl.load(offsets_ptr + f * B, mask=live, other=0), 0), N)
+    end = tl.maximum(tl.minimum(tl.maximum(tl.load(offsets_ptr + (f + 1) * B, mask=live, other=0), 0), N), start)
+    length = (end - start).to(tl.int64)
+    pos = tl.minimum(start + (i % sample) * length // sample, tl.maximum(N - 1, 0))
+    ok = live & (length > 0)
+    ids = tl.load(indices_ptr + pos, mask=ok, other=0)
+    if CHECK:  # an id outside its table reads as row 0 (the positions kernel's repair)
+        ids = tl.where((ids < 0) | (ids >= tl.load(meta_ptr + f * _META_COLS + _META_ROWS, mask=live, other=0)), 0,
+                       ids)  # fmt: skip
+    empty = 2147483647
+    x = tl.sort(tl.where(ok, ids.to(tl.int32), empty))
+    head = (i == 0) | (x != tl.gather(x, tl.maximum(i - 1, 0), 0))
+    valid = x != empty
+    # A run's count: where the next run starts (a reverse running minimum of the heads'
+    # places, one place on) less where it starts; the empty slots are a run of their own.
+    after = tl.associative_scan(tl.where(head, i, BLOCK), 0, _smaller, reverse=True)
+    count = tl.where(i + 1 < BLOCK, tl.gather(after, tl.minimum(i + 1, BLOCK - 1), 0), BLOCK) - i
+    # count <= BLOCK, so (count, BLOCK - 1 - i) packs into 2 * LOG_BLOCK + 1 <= 31 bits.
+    key = tl.sort(tl.where(head & valid, (count << LOG_BLOCK) | (BLOCK - 1 - i), 0), descending=True)
+    top = (i < K) & (key > 0)
+    chosen = tl.sort(tl.where(top, tl.gather(x, BLOCK - 1 - (key & (BLOCK - 1)), 0), empty))
+    first = tl.load(members_ptr + t * M)
+    base = tl.load(meta_ptr + first * _META_COLS + _META_ROW_BASE)
+    rows = tl.where(chosen != empty, base + chosen.to(tl.int64), pad)
+    tl.store(per_table_ptr + t * K + i, rows, mask=i < K)
+    for m in tl.static_range(M):
+        member = tl.load(members_ptr + t * M + m)
+        tl.store(per_feature_ptr + member * K + i, rows, mask=(i < K) & (member < F))
+
+
+CHOOSE_MAX_BLOCK = 4096  # the most sampled ids (members x sample, a power of two) one program sorts
+
+
+def choose_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: torch.Tensor, tables: HotTables,
+                    batch_size: int, hot: int, sample: int, bounds_check: bool, pad: int):  # fmt: skip
+    """``select_hot_rows`` in one kernel launch (a program a table) where it fits: ``sample`` a
+    power of two, a table's members times ``sample`` and ``hot`` at most ``CHOOSE_MAX_BLOCK``,
+    every table under 2**31 - 1 rows; otherwise ``select_hot_rows`` itself. The same rows
+    either way, for ids inside their tables (bounds checked or valid)."""
+    T, M = tables.members.shape
+    F = feature_meta.shape[0]
+    block = max(next_power_of_2(M * sample), next_power_of_2(hot))
+    if sample & (sample - 1) or block > CHOOSE_MAX_BLOCK or T == 0 or tables.max_rows >= 2**31 - 1:
+        return select_hot_rows(indices, offsets, feature_meta, tables, batch_size, hot, sample, bounds_check, pad)
+    per_table = torch.empty(T, hot, dtype=torch.int64, device=indices.device)
+    per_feature = torch.empty(F, hot, dtype=torch.int64, device=indices.device)  # each feature is one table's
+    _choose_hot_kernel[(T,)](
+        indices, offsets, feature_meta, tables.members, per_table, per_feature, batch_size, indices.numel(), F, pad,
+        sample, K=hot, M=M, BLOCK=block, LOG_BLOCK=block.bit_length() - 1, CHECK=bounds_check,
+        num_warps=CHOOSE_WARPS if block >= 1024 else 4,
+    )  # fmt: skip
+    return per_table, per_feature
+
+
+CHOOSE_WARPS = 16  # warps of a choosing program of 1024 sampled ids or more (8 ids a thread at 4096)
 
 
 @triton.jit
@@ -184,10 +275,11 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     width = blocks * block_d
     slices = triton.cdiv(B, split_b)
     counts, col_offsets, dims = counts.contiguous(), col_offsets.contiguous(), dims.contiguous()
-    partials = torch.zeros(F, slices, K, width, dtype=torch.float32, device=grad.device)
-    sums = torch.zeros(F, K, width, dtype=torch.float32, device=grad.device)
+    sums = torch.zeros(F, K, width, dtype=torch.float32, device=grad.device)  # zero past each feature's D
     if F == 0 or B == 0:
         return sums[:, :, :max_dim]
+    # Uninitialized: the sum kernel reads only the columns below each feature's D, all written.
+    partials = torch.empty(F, slices, K, width, dtype=torch.float32, device=grad.device)
     _hot_partials_kernel[(F, slices, blocks)](
         counts, grad, col_offsets, dims, partials, counts if bag_scale is None else bag_scale.contiguous(), B,
         grad.stride(0), slices, K=K, BLOCK_B=block_b, BLOCK_D=block_d, SPLIT_B=split_b, SCALED=bag_scale is not None,
@@ -244,19 +336,18 @@ def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tab
     """The hot rows' share of the backward, after the positions kernel counted them per
     feature: their gradient sums (``hot_sums``; ``bag_scale`` for MEAN), added over each
     table's features in feature order, and one optimizer step on every hot row of a table
-    the batch touched. ``hot_rows``: the tables' hot rows (``select_hot_rows``' first)."""
+    the batch touched. ``hot_rows``: the tables' hot rows (``choose_hot_rows``' first)."""
     F, K, _ = hot_counts.shape
     T = hot_rows.shape[0]
     if F == 0:
         return
-    sums = hot_sums(hot_counts, grad_output, feature_meta[:, META_OUT_OFFSET], feature_meta[:, META_DIM],
-                    bag_scale=bag_scale, max_dim=max_dim)  # fmt: skip
-    touched = hot_counts.sum(2) > 0
-    # Per table: its features' sums added in feature order (members padded with F: a zero slab).
-    sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)
-    touched = torch.cat([touched, touched.new_zeros(1, K)])[tables.members].any(1)
+    sums = hot_sums(hot_counts, grad_output, tables.out_offsets, tables.dims, bag_scale=bag_scale, max_dim=max_dim)
+    touched = hot_counts.sum(2)  # > 0: the batch holds the row (exact integer counts; a sum of them is 0 only if all are)
+    if not tables.single:  # per table: its features' sums added in feature order (members padded with F: a zero slab)
+        sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)
+        touched = torch.cat([touched, touched.new_zeros(1, K)])[tables.members].sum(1)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, hot_rows, align)
     _hot_update_kernel[(T, K // HOT_UPDATE_ROWS)](
-        hot_rows, touched.to(torch.int8), sums, tables.table_meta, weights, m1, m2, step, hyper, sums.stride(1), pad,
+        hot_rows, touched, sums, tables.table_meta, weights, m1, m2, step, hyper, sums.stride(1), pad,
         HOT=K, ROWS=HOT_UPDATE_ROWS, BLOCK_D=max(16, next_power_of_2(max_dim)), **modes,
     )  # fmt: skip

@@ -39,8 +39,7 @@ INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
 INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_index_ptr",
                        "long_index_ptr", "piece_index_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
-FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr", "bag_scale_ptr")  # RunsLaunch.hot_rows
-INT8_POINTERS += ("touched_ptr",)
+FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr", "bag_scale_ptr", "touched_ptr")  # hot_rows
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
@@ -53,7 +52,7 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = weights
         elif name in ("sorted_rows_ptr", "rows_ptr", "rows_out_ptr", "piece_row_ptr", "out_row_ptr"):
             sig[name] = keys
-        elif fn.__name__ == "_graph_fill_kernel" and name in ("indices_ptr", "offsets_ptr"):
+        elif fn.__name__ in ("_graph_fill_kernel", "_choose_hot_kernel") and name in ("indices_ptr", "offsets_ptr"):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
         elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
             sig[name] = "*i32"  # the bags, sorted beside the rows (RunsLaunch.radix_sort)
@@ -242,6 +241,12 @@ def variants():
         yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024, SCALED=scaled), 4, "*fp32", \
             "*i32"  # fmt: skip
     yield hot._hot_sum_kernel, dict(K=16, BLOCK_D=64), 4, "*fp32", "*i32"
+    # The choice of the hot rows (choose_hot_rows' largest block): a table of one feature at the
+    # default sample (4096) and K=16, int32 and int64 ids; four features of 1024 samples, K=64.
+    block = hot.CHOOSE_MAX_BLOCK
+    for keys, members, k in (("*i32", 1, 16), ("*i64", 1, 16), ("*i64", 4, 64)):
+        yield hot._choose_hot_kernel, dict(K=k, M=members, BLOCK=block, LOG_BLOCK=block.bit_length() - 1,
+                                           CHECK=True), hot.CHOOSE_WARPS, "*fp32", keys  # fmt: skip
     for weights, optimizer in (("*fp32", 1), ("*fp16", 1), ("*fp32", 3), ("*fp32", 5)):
         yield hot._hot_update_kernel, dict(
             HOT=16, ROWS=hot.HOT_UPDATE_ROWS, BLOCK_D=128, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0,

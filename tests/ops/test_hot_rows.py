@@ -58,6 +58,43 @@ def test_select_hot_rows_of_a_shared_table():
     assert per_table.tolist() == [[1, 4, 6, 99], [12, 13, 99, 99]]
 
 
+def _random_batch(trial, rows, B):
+    """Skewed ids for features over ``rows``, bags of 0-5 ids; trial 1 leaves feature 1 empty,
+    trial 2 puts bad ids in (999 and -1), trial 3 has int32 ids and offsets."""
+    gen = torch.Generator().manual_seed(trial)
+    lengths = torch.randint(0, 6, (len(rows) * B,), generator=gen)
+    if trial == 1:
+        lengths[B : 2 * B] = 0
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    ranks = (torch.rand(int(offsets[-1]), generator=gen) ** -1.25).long() - 1  # Zipf-like: ~ 1 / rank^1.8
+    feature = torch.repeat_interleave(torch.arange(len(rows)).repeat_interleave(B), lengths)
+    ids = ranks % torch.tensor(rows)[feature]
+    if trial == 2:
+        ids[::5], ids[1::7] = 999, -1
+    if trial == 3:
+        ids, offsets = ids.int(), offsets.int()
+    return ids, offsets
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_choose_hot_rows_is_select_hot_rows(trial):
+    """The one-kernel choice (a program a table) gives select_hot_rows' rows bit for bit: shared
+    tables, an empty feature, bad ids (bounds checked), int32 ids; K below and above the
+    distinct rows sampled, samples below and above the ids; a sample that is no power of two
+    takes select_hot_rows itself."""
+    rows, bases, B = [50, 30, 50, 70, 30], [0, 50, 0, 80, 50], 7
+    meta = _meta(rows, bases)
+    tables = hot_product.hot_tables(meta)
+    ids, offsets = _random_batch(trial, rows, B)
+    for hot, sample, check in [(4, 4, True), (16, 16, True), (16, 64, True), (4, 64, False), (16, 8, False),
+                               (16, 12, True)]:  # fmt: skip
+        if trial == 2 and not check:
+            continue  # bad ids unchecked: outside every table, either way (FBGEMM's unchecked ids)
+        want = hot_product.select_hot_rows(ids, offsets, meta, tables, B, hot, sample, check, 150)
+        got = hot_product.choose_hot_rows(ids, offsets, meta, tables, B, hot, sample, check, 150)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (hot, sample, check)
+
+
 def _spy(monkeypatch):
     counted = []
     step = embedding_backward.hot_step

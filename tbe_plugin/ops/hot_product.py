@@ -177,15 +177,19 @@ CHOOSE_MAX_BLOCK = 4096  # the most sampled ids (members x sample, a power of tw
 
 
 def choose_hot_rows(indices: torch.Tensor, offsets: torch.Tensor, feature_meta: torch.Tensor, tables: HotTables,
-                    batch_size: int, hot: int, sample: int, bounds_check: bool, pad: int):  # fmt: skip
+                    batch_size: int, hot: int, sample: int, bounds_check: bool, pad: int,
+                    kernel: "bool | None" = None):  # fmt: skip
     """``select_hot_rows`` in one kernel launch (a program a table) where it fits: ``sample`` a
     power of two, a table's members times ``sample`` and ``hot`` at most ``CHOOSE_MAX_BLOCK``,
     every table under 2**31 - 1 rows; otherwise ``select_hot_rows`` itself. The same rows
-    either way, for ids inside their tables (bounds checked or valid)."""
+    either way, for ids inside their tables (bounds checked or valid). ``kernel``: None, the
+    kernel on CUDA only (the interpreter's scan takes ~30 s for a block of 2048 on the CPU);
+    True, wherever it fits (the CPU tests, small samples); False, never."""
     T, M = tables.members.shape
     F = feature_meta.shape[0]
     block = max(next_power_of_2(M * sample), next_power_of_2(hot))
-    if sample & (sample - 1) or block > CHOOSE_MAX_BLOCK or T == 0 or tables.max_rows >= 2**31 - 1:
+    fits = not sample & (sample - 1) and block <= CHOOSE_MAX_BLOCK and T > 0 and tables.max_rows < 2**31 - 1
+    if not fits or not (indices.device.type == "cuda" if kernel is None else kernel):
         return select_hot_rows(indices, offsets, feature_meta, tables, batch_size, hot, sample, bounds_check, pad)
     per_table = torch.empty(T, hot, dtype=torch.int64, device=indices.device)
     per_feature = torch.empty(F, hot, dtype=torch.int64, device=indices.device)  # each feature is one table's

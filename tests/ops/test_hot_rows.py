@@ -77,22 +77,26 @@ def _random_batch(trial, rows, B):
 
 
 @pytest.mark.parametrize("trial", range(4))
-def test_choose_hot_rows_is_select_hot_rows(trial):
+def test_choose_hot_rows_is_select_hot_rows(monkeypatch, trial):
     """The one-kernel choice (a program a table) gives select_hot_rows' rows bit for bit: shared
     tables, an empty feature, bad ids (bounds checked), int32 ids; K below and above the
     distinct rows sampled, samples below and above the ids; a sample that is no power of two
-    takes select_hot_rows itself."""
+    takes select_hot_rows itself. (On the CPU the backward chooses with select_hot_rows: the
+    interpreter runs the kernel's scans slowly.)"""
     rows, bases, B = [50, 30, 50, 70, 30], [0, 50, 0, 80, 50], 7
     meta = _meta(rows, bases)
     tables = hot_product.hot_tables(meta)
     ids, offsets = _random_batch(trial, rows, B)
+    reference, fallbacks = hot_product.select_hot_rows, []
+    monkeypatch.setattr(hot_product, "select_hot_rows", lambda *a: fallbacks.append(a[6]) or reference(*a))
     for hot, sample, check in [(4, 4, True), (16, 16, True), (16, 64, True), (4, 64, False), (16, 8, False),
                                (16, 12, True)]:  # fmt: skip
         if trial == 2 and not check:
             continue  # bad ids unchecked: outside every table, either way (FBGEMM's unchecked ids)
-        want = hot_product.select_hot_rows(ids, offsets, meta, tables, B, hot, sample, check, 150)
-        got = hot_product.choose_hot_rows(ids, offsets, meta, tables, B, hot, sample, check, 150)
+        want = reference(ids, offsets, meta, tables, B, hot, sample, check, 150)
+        got = hot_product.choose_hot_rows(ids, offsets, meta, tables, B, hot, sample, check, 150, kernel=True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (hot, sample, check)
+    assert fallbacks == [12]  # the kernel chose every other case
 
 
 def _spy(monkeypatch):

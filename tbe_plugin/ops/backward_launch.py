@@ -300,8 +300,12 @@ class RunsLaunch:
     in it, as the sentinel). The rest is host time (2f5a1b5, no device sync on either path):
     choosing the rows takes ~1.2 ms of host time a backward and ``hot_step`` ~0.5 (some 50
     small torch ops at ~25-35 us each on the device machine's host), all before the large
-    kernels, so the device idles through it. Off; kept as a measured candidate
-    (``profile_backward``'s ``hot16``, ``hot64``)."""
+    kernels, so the device idles through it. With the choice in one kernel since 56eb52a
+    (``hot_product.choose_hot_rows``) and fewer ops in ``hot_step``: ctr-dlrm 2.99 / 3.17 /
+    3.23, long bags 3.54 / 3.72 / 3.71: still 5-6% slower (the choice 0.15 ms of device time,
+    the positions kernel's counting 0.21, the product 0.11, against the pieces kernel's 0.35
+    and the sorted operands' 0.07). Off; kept as a measured candidate (``profile_backward``'s
+    ``hot16``, ``hot64``)."""
     hot_sample: int = 4096
     """``hot_rows``: ids sampled per feature (evenly spaced) to choose the hot rows."""
     hot_min_ids: int = 1 << 20

@@ -134,9 +134,9 @@ def _choose_hot_kernel(
     member features' ``sample`` ids each (slot ``i``: member ``i // sample``, sample ``i %
     sample``) as rows of the table, sorted; each distinct row's count (the next run's head
     less its own, by a reverse running minimum); the heads keyed by count, then position
-    (the lower row first), and sorted, most first; the first K rows kept,
-    sorted ascending, as global rows padded with ``pad``; stored for the table and for each of
-    its features. Rows of a table are below 2**31 - 1 (int32)."""
+    (the lower row first), and sorted, most first; the first K rows kept, sorted ascending, as
+    global rows padded with ``pad``; stored for the table and for each of its features. Rows
+    of a table are below 2**31 - 1 (int32).
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     inside = i < M * sample
@@ -346,8 +346,8 @@ def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tab
     if F == 0:
         return
     sums = hot_sums(hot_counts, grad_output, tables.out_offsets, tables.dims, bag_scale=bag_scale, max_dim=max_dim)
-    touched = hot_counts.sum(2)  # > 0: the batch holds the row (exact integer counts; a sum of them is 0 only if all are)
-    if not tables.single:  # per table: its features' sums added in feature order (members padded with F: a zero slab)
+    touched = hot_counts.sum(2)  # > 0 where the batch holds the row (counts are exact integers, >= 0)
+    if not tables.single:  # per table: its features' sums added in feature order (members padded with F: zeros)
         sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)
         touched = torch.cat([touched, touched.new_zeros(1, K)])[tables.members].sum(1)
     step, m1, m2, hyper, modes = _update_operands(args, weights, momentum1, momentum2, step, hot_rows, align)

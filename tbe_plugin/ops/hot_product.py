@@ -136,7 +136,7 @@ def _choose_hot_kernel(
     less its own, by a reverse running minimum); the heads keyed by count, then position
     (the lower row first), and sorted, most first; the first K rows kept, sorted ascending, as
     global rows padded with ``pad``; stored for the table and for each of its features. Rows
-    of a table are below 2**31 - 1 (int32).
+    of a table are below 2**31 - 1 (int32)."""
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     inside = i < M * sample

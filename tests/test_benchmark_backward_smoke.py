@@ -24,7 +24,7 @@ from tbe_plugin.benchmarks import backward
 from tbe_plugin.benchmarks.backward import (
     MODES, OPTIMIZERS, REFERENCE_CONFIG, SORT_BYTES_PER_LOOKUP, SUITE_OPTIMIZER, backward_bytes,
 )
-from tbe_plugin.benchmarks.common import InputBatch, TBEConfig, time_alternating
+from tbe_plugin.benchmarks.common import InputBatch, TBEConfig, backward_host_and_wall_ms, time_alternating
 from tbe_plugin.benchmarks.suite import SMOKE_CONFIGS, SMOKE_PRODUCTION
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -173,3 +173,28 @@ def test_time_alternating_gives_short_calls_more_rounds_alike_for_every_provider
     long_calls = {"a": lambda _i: clock.sleep(0.01)}
     assert len(time_alternating(long_calls, iters=4, warmup=1, device=cpu, min_ms=20.0)["a"]) == 4
     assert len(time_alternating(calls, iters=3, warmup=0, device=cpu, min_ms=20.0)["slow"]) == 3  # no warm-up: iters
+
+
+def test_backward_host_and_wall_ms_time_each_call_after_its_own_forward():
+    """One untimed forward per timed backward (two per call: wall, then host), each backward
+    timed in ms (a 5 ms sleep in it shows in both medians)."""
+    import time
+
+    forwards = []
+
+    class Slow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            time.sleep(0.005)
+            return grad * 2
+
+    def forward():
+        forwards.append(1)
+        return Slow.apply(torch.ones(3, requires_grad=True))
+
+    host, wall = backward_host_and_wall_ms(forward, torch.ones(3), 3, torch.device("cpu"))
+    assert len(forwards) == 6 and host >= 4.5 and wall >= 4.5

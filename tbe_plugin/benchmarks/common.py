@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import time
 import types
 from collections.abc import Callable
@@ -331,6 +332,30 @@ def batch_skew(cfg: BenchConfig, batch: InputBatch) -> dict:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_ms(fn: Callable[[], object], device: torch.device, wait: bool) -> float:
+    """Milliseconds of ``fn()`` from an idle device (synchronized first): until it returns
+    (``wait`` False: the host's share, launch cost included) or until the device is done."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if wait:
+        synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def backward_host_and_wall_ms(forward: Callable[[], torch.Tensor], grad: torch.Tensor, calls: int,
+                              device: torch.device) -> tuple[float, float]:  # fmt: skip
+    """Medians over ``calls`` of ``out.backward(grad)`` after an untimed ``out = forward()``,
+    each from an idle device: (host ms until it returns, wall ms until the device is done)."""
+    hosts, walls = [], []
+    for _ in range(calls):
+        out = forward()
+        walls.append(timed_ms(lambda: out.backward(grad), device, wait=True))
+        out = forward()
+        hosts.append(timed_ms(lambda: out.backward(grad), device, wait=False))
+    return statistics.median(hosts), statistics.median(walls)
 
 
 def free_device_memory() -> None:

@@ -26,11 +26,10 @@ import io
 import json
 import os
 import pstats
-import statistics
-import time
 
 import torch
 
+from tbe_plugin.benchmarks.common import backward_host_and_wall_ms
 from tbe_plugin.benchmarks.report import git_state
 from tbe_plugin.benchmarks.suite import DEVICE_PRODUCTION
 from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
@@ -60,15 +59,6 @@ def build(workload: Workload, device: torch.device, candidate: str):
     return module
 
 
-def _timed(fn, sync: bool, device: torch.device) -> float:
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if sync:
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) * 1e3
-
-
 def profile_workload(workload: Workload, calls: int, device: torch.device, top: int, candidate: str) -> dict:
     module = build(workload, device, candidate)
     indices, offsets, psw = generate_batch(workload, 0, device)
@@ -79,12 +69,7 @@ def profile_workload(workload: Workload, calls: int, device: torch.device, top: 
 
     for _ in range(5):  # compiles every kernel variant this batch needs
         forward().backward(grad)
-    walls, hosts = [], []
-    for _ in range(calls):
-        out = forward()
-        walls.append(_timed(lambda: out.backward(grad), True, device))
-        out = forward()
-        hosts.append(_timed(lambda: out.backward(grad), False, device))
+    host_ms, wall_ms = backward_host_and_wall_ms(forward, grad, calls, device)
     outs = [forward() for _ in range(calls)]
     torch.cuda.synchronize(device)
     profiler = cProfile.Profile()
@@ -105,7 +90,7 @@ def profile_workload(workload: Workload, calls: int, device: torch.device, top: 
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return {
         "workload": workload.describe(), "candidate": candidate, "lookups": indices.numel(), "calls": calls,
-        "backward_wall_ms": statistics.median(walls), "backward_host_ms": statistics.median(hosts),
+        "backward_wall_ms": wall_ms, "backward_host_ms": host_ms,
         "kernels_per_backward": len(kernels),
         "kernel_device_ms": sum(e.device_time for e in kernels) / 1e3,
         "kernels": sorted({e.name for e in kernels}),

@@ -29,7 +29,12 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.benchmarks.backward import build_module, lookup
-from tbe_plugin.benchmarks.common import generate_batches, silence_fbgemm_logging
+from tbe_plugin.benchmarks.common import (
+    backward_host_and_wall_ms,
+    generate_batches,
+    silence_fbgemm_logging,
+    timed_ms,
+)
 from tbe_plugin.benchmarks.report import git_state
 from tbe_plugin.benchmarks.suite import DEVICE_CONFIGS
 
@@ -40,16 +45,18 @@ def _empty_kernel(x_ptr, n):
         tl.store(x_ptr, 1)
 
 
-def _median_us(fn, calls: int, wall: bool = False) -> float:
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if wall:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+CUDA = torch.device("cuda")
+
+
+def _median_us(fn, calls: int) -> float:
+    """Median host µs of ``fn()`` from an idle device."""
+    return statistics.median(timed_ms(fn, CUDA, wait=False) for _ in range(calls)) * 1e3
+
+
+def _backward_us(module, batch, grad, calls: int) -> dict:
+    """``module``'s backward from an idle device after an untimed forward: host and wall µs."""
+    host, wall = backward_host_and_wall_ms(lambda: lookup(module, batch), grad, calls, CUDA)
+    return {"backward_host_us": host * 1e3, "backward_wall_us": wall * 1e3}
 
 
 def replay_costs(nodes: list[int], calls: int) -> dict:
@@ -119,7 +126,7 @@ def split_host(backward, forward, calls: int) -> dict:
         for _ in range(calls):
             forward()
             watch.totals.clear()
-            total = _median_us(backward, 1)
+            total = timed_ms(backward, CUDA, wait=False) * 1e3
             for label, us in [("call", total), *watch.totals.items()]:
                 samples.setdefault(label, []).append(us)
     finally:
@@ -148,13 +155,7 @@ def probe_config(cfg, calls: int, with_fbgemm: bool) -> dict:
     for _ in range(4):  # compile, capture, replay
         forward()
         backward()
-    host, wall = [], []
-    for _ in range(calls):
-        forward()
-        host.append(_median_us(backward, 1))
-        forward()
-        wall.append(_median_us(backward, 1, wall=True))
-    entry["ours"] = {"backward_host_us": statistics.median(host), "backward_wall_us": statistics.median(wall)}
+    entry["ours"] = _backward_us(ours, batch, grad, calls)
     entry["ours"]["host_split_us"] = split_host(backward, forward, calls)
     captured = [e for e in ours.backward_graphs._entries.values() if e.graph]
     if captured:
@@ -175,13 +176,7 @@ def probe_config(cfg, calls: int, with_fbgemm: bool) -> dict:
         fbgemm = build_module("fbgemm", cfg, "EXACT_ROWWISE_ADAGRAD", device)
         for _ in range(3):
             lookup(fbgemm, batch).backward(grad)
-        host, wall = [], []
-        for _ in range(calls):
-            o = lookup(fbgemm, batch)
-            host.append(_median_us(lambda: o.backward(grad), 1))
-            o = lookup(fbgemm, batch)
-            wall.append(_median_us(lambda: o.backward(grad), 1, wall=True))
-        entry["fbgemm"] = {"backward_host_us": statistics.median(host), "backward_wall_us": statistics.median(wall)}
+        entry["fbgemm"] = _backward_us(fbgemm, batch, grad, calls)
         del fbgemm
     torch.cuda.empty_cache()
     return entry

@@ -20,13 +20,12 @@ import dataclasses
 import json
 import os
 import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tbe_plugin.benchmarks.backward import build_module, lookup
-from tbe_plugin.benchmarks.common import generate_batches, silence_fbgemm_logging
+from tbe_plugin.benchmarks.common import backward_host_and_wall_ms, generate_batches, silence_fbgemm_logging
 from tbe_plugin.benchmarks.report import git_state
 from tbe_plugin.benchmarks.suite import DEVICE_CONFIGS
 from tbe_plugin.ops.backward_launch import runs_launch
@@ -177,15 +176,7 @@ def kernel_breakdown(module, batch, grad, top: int = 16) -> list[dict]:
 
 def host_ms(module, batch, grad, iters: int = 10) -> float:
     """Host time of ``out.backward(grad)`` with the device idle at its start (launch cost)."""
-    times = []
-    for _ in range(iters):
-        out = lookup(module, batch)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out.backward(grad)
-        times.append((time.perf_counter() - start) * 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    return backward_host_and_wall_ms(lambda: lookup(module, batch), grad, iters, torch.device("cuda"))[0]
 
 
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 26) -> float:

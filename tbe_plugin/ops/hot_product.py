@@ -61,8 +61,9 @@ def hot_tables(feature_meta: torch.Tensor) -> HotTables:
     """``HotTables`` of a module's feature metadata (tables told apart by their first global
     row). Reads the metadata on the host: one device sync, once per module (the caller keeps
     the result)."""
-    bases = feature_meta[:, META_ROW_BASE].tolist()
-    max_rows = max(feature_meta[:, META_ROWS].tolist(), default=0)
+    columns = feature_meta[:, [META_ROW_BASE, META_ROWS]].tolist()  # one host read
+    bases = [base for base, _ in columns]
+    max_rows = max((rows for _, rows in columns), default=0)
     table_base = sorted(set(bases))
     index = {base: t for t, base in enumerate(table_base)}
     feature_table = [index[base] for base in bases]

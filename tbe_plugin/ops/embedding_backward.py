@@ -35,7 +35,7 @@ Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
 import weakref
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -62,7 +62,7 @@ from tbe_plugin.ops.indexing import (
     _META_WEIGHT_OFFSET,
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs
-from tbe_plugin.ops.pieces_launch import _launch_pieces
+from tbe_plugin.ops.pieces_launch import PieceMarks, _launch_pieces, piece_marks
 from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
 
 
@@ -236,6 +236,108 @@ PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
 
 
+class BackwardPlan(NamedTuple):
+    """What a batch's backward needs of its ids alone (``plan_backward``): no gradient, no
+    weights, no optimizer state, so that it may be computed before the gradient exists
+    (the module does it in the forward, on a side stream: ``training.plan_in_forward``)."""
+
+    sorted_operands: tuple  # (sorted rows, weight start, D, gradient offset, factor), in sorted order
+    class_pos: torch.Tensor  # where each class's sorted ids begin
+    marks: Optional[PieceMarks]  # the pieces design's marks (None: the chunk design)
+    rows: Optional[torch.Tensor]  # each id's global row and bag, unsorted, for the per-sample
+    bags: Optional[torch.Tensor]  # weights' gradient (None when it is not asked for)
+    hot: Optional[tuple]  # RunsLaunch.hot_rows: (tables, hot rows, hot counts); None: off
+    sentinel: int
+    grad_shape: Tuple[int, int]  # the output gradient's rows and row stride it was planned for
+
+
+def plan_backward(
+    feature_meta: torch.Tensor,
+    total_rows: int,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    psw_requires_grad: bool,
+    pooling: int,
+    bounds_check: bool,
+    optimizer: int,
+    grad_shape: Tuple[int, int],
+    launch: Optional[RunsLaunch] = None,
+    classes: Optional[Sequence[int]] = None,
+    max_dim: int = 0,
+    graphed: bool = False,
+) -> BackwardPlan:
+    """Steps 1 to 3 of the backward and the pieces design's marks: each id's global row,
+    bag and factor, their stable sort, the sorted operands, where each class begins.
+    ``grad_shape``: the rows and row stride of the output gradient to come (contiguous:
+    the forward output's shape); ``classes`` and ``max_dim`` as ``backward_update``'s;
+    ``graphed``: for a captured graph's batch (no hot rows). The batch must have ids and
+    bags."""
+    device = indices.device
+    launch = launch or runs_launch()
+    classes = classes or (block_d_of(max_dim), 0)
+    num_features = feature_meta.shape[0]
+    B = (offsets.numel() - 1) // num_features
+    N = indices.numel()
+    total_bags = num_features * B
+    key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
+    radix = launch.radix_sort and key_dtype == torch.int32 and N < 2**31
+    # Ids outside every bag: sorted last, skipped. The radix sort sorts only the bits that
+    # hold every row and the sentinel, the least all-ones value above the rows.
+    key_bits = max(1, int(total_rows).bit_length())
+    sentinel = (1 << key_bits) - 1 if radix else torch.iinfo(key_dtype).max
+    mean = pooling == Pooling.MEAN
+    weighted = per_sample_weights is not None
+    scaled = mean or weighted
+    rows = torch.empty(N, dtype=key_dtype, device=device)  # every position written (the sentinel outside bags)
+    bags = torch.empty(N, dtype=torch.int32 if total_bags < 2**31 else torch.int64, device=device)
+    scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
+    psw = per_sample_weights if weighted else scale
+    window = positions_window(offsets, N, POSITIONS_BLOCK)
+    # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
+    hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
+    hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
+    if hot:
+        tables = _hot_tables_of(feature_meta)
+        hot_rows, feature_hot_rows = choose_hot_rows(indices, offsets, feature_meta, tables, B, hot, launch.hot_sample,
+                                                     bounds_check, total_rows)  # fmt: skip
+        hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
+    _positions_kernel[(window.numel() - 1,)](
+        feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
+        sentinel, feature_hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
+        HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
+    )  # fmt: skip
+    # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
+    # needs of an id) or their int32 position.
+    sorted_bags = radix and pooling != Pooling.NONE and not scaled
+    if sorted_bags:
+        sorted_rows, perm = sort_pairs(rows, bags, key_bits, launch.radix_sizes)
+    elif radix:
+        positions = torch.arange(N, dtype=torch.int32, device=device)
+        sorted_rows, perm = sort_pairs(rows, positions, key_bits, launch.radix_sizes)
+    else:
+        sorted_rows, perm = torch.sort(rows, stable=True)
+    sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
+    sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
+    sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
+    sorted_scale = torch.empty_like(scale)
+    _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
+        perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
+        B, grad_shape[1], N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
+        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, num_warps=SORTED_OPERANDS_WARPS,
+    )  # fmt: skip
+    sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
+    # Where each class's sorted ids begin (one search per class: the ids are sorted).
+    class_pos = torch.searchsorted(sorted_rows, _class_rows(classes, total_rows, sorted_rows.dtype, device))
+    marks = None
+    if launch.design == "pieces":
+        marks = piece_marks(sorted_operands, class_pos, len(classes) // 2, launch, optimizer,
+                            pooling != Pooling.NONE, scaled, *grad_shape)  # fmt: skip
+    kept = (rows, bags) if psw_requires_grad else (None, None)
+    return BackwardPlan(sorted_operands, class_pos, marks, *kept, (tables, hot_rows, hot_counts) if hot else None,
+                        sentinel, tuple(grad_shape))  # fmt: skip
+
+
 def backward_update(
     grad_output: torch.Tensor,
     weights: torch.Tensor,
@@ -256,6 +358,7 @@ def backward_update(
     launch: Optional[RunsLaunch] = None,
     classes: Optional[Sequence[int]] = None,
     grad_cell: Optional[torch.Tensor] = None,
+    plan: Optional[BackwardPlan] = None,
 ) -> Optional[torch.Tensor]:
     """Applies one optimizer step to every row the batch touched; returns the gradient
     of ``per_sample_weights`` when asked (computed from the weights before the step).
@@ -269,84 +372,48 @@ def backward_update(
     widest tile when None: then rows may be numbered in any order). ``grad_cell``: an int64
     device tensor whose first element is the address the kernels read the output gradient
     at (a captured graph's, ``backward_graphs``; ``grad_output`` then gives its shape, strides
-    and type only), pieces design only."""
+    and type only), pieces design only. ``plan``: this batch's ``plan_backward``, made
+    earlier with the same arguments (made here when None)."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
     N = indices.numel()
-    psw_grad = None
     if N == 0 or B == 0:
-        if psw_requires_grad:
-            psw_grad = torch.zeros(N, dtype=torch.float32, device=device)
-        return psw_grad
-    total_bags = num_features * B
+        return torch.zeros(N, dtype=torch.float32, device=device) if psw_requires_grad else None
     grad_output = grad_output.contiguous()
     launch = launch or runs_launch()
     if grad_cell is not None and launch.design != "pieces":
         raise ValueError(f"backward_update: grad_cell is for the pieces design, not {launch.design!r}")
-    key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
-    radix = launch.radix_sort and key_dtype == torch.int32 and N < 2**31
-    # Ids outside every bag: sorted last, skipped. The radix sort sorts only the bits that
-    # hold every row and the sentinel, the least all-ones value above the rows.
-    key_bits = max(1, int(total_rows).bit_length())
-    sentinel = (1 << key_bits) - 1 if radix else torch.iinfo(key_dtype).max
+    classes = classes or (block_d_of(max_dim), 0)
+    grad_shape = (grad_output.shape[0], grad_output.stride(0))
+    if plan is None:
+        plan = plan_backward(feature_meta, total_rows, indices, offsets, per_sample_weights, psw_requires_grad,
+                             pooling, bounds_check, args.optimizer, grad_shape, launch, classes,
+                             graphed=grad_cell is not None)  # fmt: skip
+    elif plan.grad_shape != grad_shape or (psw_requires_grad and plan.rows is None):
+        raise ValueError(f"backward_update: the plan was made for an output gradient of (rows, row stride) "
+                         f"{plan.grad_shape} (per-sample weights' gradient: {plan.rows is not None}), "
+                         f"this one is {grad_shape} ({psw_requires_grad})")  # fmt: skip
     mean = pooling == Pooling.MEAN
-    weighted = per_sample_weights is not None
-    scaled = mean or weighted
-    rows = torch.empty(N, dtype=key_dtype, device=device)  # every position written (the sentinel outside bags)
-    bags = torch.empty(N, dtype=torch.int32 if total_bags < 2**31 else torch.int64, device=device)
-    scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
-    psw = per_sample_weights if weighted else scale
-    window = positions_window(offsets, N, POSITIONS_BLOCK)
-    # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
-    hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, grad_cell, N) else 0
-    hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
-    if hot:
-        tables = _hot_tables_of(feature_meta)
-        hot_rows, feature_hot_rows = choose_hot_rows(indices, offsets, feature_meta, tables, B, hot, launch.hot_sample,
-                                                     bounds_check, total_rows)  # fmt: skip
-        hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
-    _positions_kernel[(window.numel() - 1,)](
-        feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
-        sentinel, feature_hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
-        HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
-    )  # fmt: skip
-    if hot:
+    if plan.hot is not None:
+        tables, hot_rows, hot_counts = plan.hot
         hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tables, hot_rows, hot_counts, args,
                  align, total_rows, max_dim, mean_bag_scale(offsets, N) if mean else None)  # fmt: skip
-    block_d = max(16, next_power_of_2(max_dim))
+    psw_grad = None
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)
+        block_d = max(16, next_power_of_2(max_dim))
         _psw_grad_kernel[(cdiv(N, PSW_CONFIG["BLOCK_N"]),)](
-            grad_output, grad_output.stride(0), weights, feature_meta, rows, bags, offsets,
-            psw_grad, B, N, sentinel, _cell_argument(grad_cell, grad_output), MEAN=mean, BLOCK_D=min(block_d, 128),
-            GRAD_CELL=grad_cell is not None, **PSW_CONFIG,
+            grad_output, grad_output.stride(0), weights, feature_meta, plan.rows, plan.bags, offsets,
+            psw_grad, B, N, plan.sentinel, _cell_argument(grad_cell, grad_output), MEAN=mean,
+            BLOCK_D=min(block_d, 128), GRAD_CELL=grad_cell is not None, **PSW_CONFIG,
         )  # fmt: skip
-    # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
-    # needs of an id) or their int32 position.
-    sorted_bags = radix and pooling != Pooling.NONE and not scaled
-    if sorted_bags:
-        sorted_rows, perm = sort_pairs(rows, bags, key_bits, launch.radix_sizes)
-    elif radix:
-        positions = torch.arange(N, dtype=torch.int32, device=device)
-        sorted_rows, perm = sort_pairs(rows, positions, key_bits, launch.radix_sizes)
-    else:
-        sorted_rows, perm = torch.sort(rows, stable=True)
-    sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
-    sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
-    sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
-    sorted_scale = torch.empty_like(scale)
-    _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
-        perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
-        B, grad_output.stride(0), N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
-        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, num_warps=SORTED_OPERANDS_WARPS,
-    )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
+    scaled = mean or per_sample_weights is not None
     _launch_runs(
-        grad_output, (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale), weights,
-        momentum1, momentum2, step, args, scaled, align, total_rows, classes or (block_d_of(max_dim), 0),
-        launch, pooling != Pooling.NONE, grad_cell,
+        grad_output, plan.sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
+        classes, launch, pooling != Pooling.NONE, grad_cell, plan,
     )  # fmt: skip
     return psw_grad
 
@@ -357,12 +424,12 @@ _CLASS_ROWS: dict = {}
 _HOT_TABLES: dict = {}
 
 
-def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, grad_cell, num_ids: int) -> bool:
+def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, graphed: bool, num_ids: int) -> bool:
     """Whether ``RunsLaunch.hot_rows`` applies: the pieces design, pooled (SUM or MEAN) without
     per-sample weights, an eager batch of ``hot_min_ids`` or more."""
     if not launch.hot_rows or launch.design != "pieces" or pooling == Pooling.NONE or weighted:
         return False
-    return grad_cell is None and num_ids >= max(launch.hot_min_ids, 1)
+    return not graphed and num_ids >= max(launch.hot_min_ids, 1)
 
 
 def _hot_tables_of(feature_meta: torch.Tensor) -> HotTables:
@@ -410,21 +477,21 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
 
 
 def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-                 classes, launch, pooled, grad_cell=None) -> None:  # fmt: skip
+                 classes, launch, pooled, grad_cell, plan) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
-    long runs' segment and group sums and the long runs themselves."""
+    long runs' segment and group sums and the long runs themselves (``plan``: the batch's
+    ``plan_backward``)."""
     sorted_rows = sorted_operands[0]
     device, N = weights.device, sorted_rows.numel()
     block_ds = list(classes[0::2])
     if len(block_ds) > MAX_CLASSES:
         raise ValueError(f"{len(block_ds)} classes of row tiles; at most {MAX_CLASSES}")
-    # Where each class's sorted ids begin (one search per class: the ids are sorted).
-    class_pos = torch.searchsorted(sorted_rows, _class_rows(classes, total_rows, sorted_rows.dtype, device))
+    class_pos = plan.class_pos
     per_class = [launch.for_block_d(bd) for bd in block_ds]
     if launch.design == "pieces":
         class_rows = [b - a for a, b in zip(classes[1::2], [*classes[3::2], total_rows])]
         _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align,
-                       class_pos, per_class, class_rows, launch, pooled, grad_cell)  # fmt: skip
+                       class_pos, per_class, class_rows, launch, plan.marks, grad_cell)  # fmt: skip
         return
     segment, fan_in = launch.segment_ids, launch.fan_in
     long_count = torch.zeros(MAX_CLASSES, dtype=torch.int32, device=device)

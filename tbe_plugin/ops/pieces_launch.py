@@ -6,6 +6,8 @@ to the programs that fit a multiprocessor.
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
+from typing import NamedTuple
+
 import torch
 
 from tbe_plugin.ops.backward_pieces import (
@@ -68,42 +70,56 @@ ORDER_WARPS = 8  # 4 pieces a thread
 ORDER_PROGRAMS_PER_SM = 4
 
 
-def _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records, size, scaled, sms):
+def _ordered_pieces(grad_rows, grad_stride, piece_starts, class_piece_pos, num_classes, records, size, scaled, sms):
     """The pieces and their records in the order of the gradient rows they first read
     (``_piece_order_kernel``: counts per (class, row), their running totals, a scatter),
     each with its stop; returns (starts, row, flags, w_start, dim, gradient row, factor,
     stops)."""
-    device = grad_output.device
-    grad_rows = grad_output.shape[0]
+    device = piece_starts.device
     buckets = torch.zeros(num_classes * grad_rows, dtype=torch.int32, device=device)
     out = _piece_records(records[0], size, scaled)
     starts, stops = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     grid = (sms * ORDER_PROGRAMS_PER_SM,)
     common = (class_piece_pos, num_classes, piece_starts, *records)
-    _piece_order_kernel[grid](*common, buckets, grad_rows, grad_output.stride(0), starts, stops, *out,
+    _piece_order_kernel[grid](*common, buckets, grad_rows, grad_stride, starts, stops, *out,
                               SCATTER=False, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
     ends = torch.cumsum(buckets, 0, dtype=torch.int32)
-    _piece_order_kernel[grid](*common, ends, grad_rows, grad_output.stride(0), starts, stops, *out,
+    _piece_order_kernel[grid](*common, ends, grad_rows, grad_stride, starts, stops, *out,
                               SCATTER=True, SCALED=scaled, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)  # fmt: skip
     return (starts, *out, stops)
 
 
-def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
-                   per_class, class_rows, launch, pooled, grad_cell=None) -> None:  # fmt: skip
-    """The ``pieces`` design (``backward_pieces``): marks of pieces and multi runs over all
-    classes at once; then per class its pieces, the group sums of its multi runs' cells
-    (two levels, where the batch has ids enough) and its multi runs. No host sync: the
-    counts stay on the device, the looping grids are fixed."""
+class PieceMarks(NamedTuple):
+    """What the pieces design's launches read of a batch's sorted ids alone (``piece_marks``):
+    no gradient, no weights, so that it may be computed ahead (``embedding_backward.BackwardPlan``)."""
+
+    piece_starts: torch.Tensor
+    multi_heads: torch.Tensor
+    class_piece_pos: torch.Tensor
+    class_multi_pos: torch.Tensor
+    records: tuple  # per-piece records (``RunsLaunch.piece_records``), else piece_starts six times
+    split: tuple  # short runs' and other pieces' indices, each class's first of both (``short``)
+    piece_list: torch.Tensor  # the pieces in launch order (piece_starts unless ordered)
+    stops: torch.Tensor
+    short: int  # the short runs' most ids (0: none listed apart)
+    cells: int
+
+
+def piece_marks(sorted_operands, class_pos, num_classes, launch, optimizer, pooled, scaled, grad_rows,
+                grad_stride) -> PieceMarks:  # fmt: skip
+    """The marks of pieces and multi runs over all classes at once (two passes of
+    ``_piece_marks_kernel`` and a running total), with the optional per-piece records and
+    their order by gradient row (``grad_rows`` rows of ``grad_stride`` elements)."""
     sorted_rows = sorted_operands[0]
-    device, N = weights.device, sorted_rows.numel()
-    piece, fan_in, num_classes = launch.piece_ids, launch.fan_in, len(per_class)
+    device, N = sorted_rows.device, sorted_rows.numel()
+    piece = launch.piece_ids
     cells = N // piece + 1
     blocks = cdiv(N + 1, MARKS_BLOCK)
     # Short runs listed apart (int32 piece indices: batches of fewer than 2**31 ids; not with
     # the ordered list, which their indices do not follow; for optimizers of two states only
     # with ``RunsLaunch.short_two_states``, the default).
     ordered = launch.piece_order and pooled
-    two_states = args.optimizer in TWO_STATES and not launch.short_two_states
+    two_states = optimizer in TWO_STATES and not launch.short_two_states
     short = min(launch.piece_short, piece) if N + cells + 1 < 2**31 and not ordered and not two_states else 0
     # Pieces per block, then multi runs (then short runs) per block: one vector, so that its
     # running totals are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor
@@ -129,12 +145,28 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
     _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, *split,
                                    WRITE=True, **marks)  # fmt: skip
-    sms = _multiprocessors(device)
     # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
     piece_list, stops = piece_starts, piece_starts
     if ordered:
-        piece_list, *records, stops = _ordered_pieces(grad_output, piece_starts, class_piece_pos, num_classes, records,
-                                                      N + cells + 1, scaled, sms)  # fmt: skip
+        piece_list, *records, stops = _ordered_pieces(grad_rows, grad_stride, piece_starts, class_piece_pos,
+                                                      num_classes, records, N + cells + 1, scaled,
+                                                      _multiprocessors(device))  # fmt: skip
+    return PieceMarks(*lists, tuple(records), split, piece_list, stops, short, cells)
+
+
+def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, class_pos,
+                   per_class, class_rows, launch, marks: PieceMarks, grad_cell=None) -> None:  # fmt: skip
+    """The ``pieces`` design (``backward_pieces``) after its marks (``piece_marks``): per
+    class its pieces, the group sums of its multi runs' cells (two levels, where the batch
+    has ids enough) and its multi runs. No host sync: the counts stay on the device, the
+    looping grids are fixed."""
+    sorted_rows = sorted_operands[0]
+    device, N = weights.device, sorted_rows.numel()
+    piece, fan_in = launch.piece_ids, launch.fan_in
+    piece_starts, multi_heads, class_piece_pos, class_multi_pos = marks[:4]
+    records, split, piece_list, stops, short, cells = marks[4:]
+    ordered = piece_list is not piece_starts
+    sms = _multiprocessors(device)
     stride = max(c.block_d for c in per_class)
     cell_sums = torch.empty(2 * cells * stride, dtype=torch.float32, device=device)
     levels = [cdiv(cells, fan_in**level) + 1 for level in (1, 2)]

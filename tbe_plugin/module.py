@@ -22,6 +22,7 @@ from tbe_plugin.ops.training import (
     LookupConfig,
     UpdateConfig,
     fused_update,
+    plan_in_forward,
     merge_bounds_status_op,
     training_lookup,
 )
@@ -523,19 +524,29 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         return tuple(getattr(self, name, None) for name in ("momentum1", "momentum2", "iter"))
 
     @torch.no_grad()
-    def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
-        """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward)."""
+    def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad, plan=None):
+        """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward);
+        ``plan``: the batch's plan from its forward (``_plan_backward``)."""
         with torch.profiler.record_function("tbe_plugin::fused_update"):
-            return self._fused_update_kernels(grad_output, indices, offsets, per_sample_weights, psw_requires_grad)
-
-    def _fused_update_kernels(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad):
-        psw_grad = fused_update(
-            grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
-            self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
-            psw_requires_grad, *self._training_config(), launch=self.backward_launch, classes=self._row_classes,
-            graphs=self.backward_graphs,
-        )  # fmt: skip
+            psw_grad = fused_update(
+                grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
+                self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,
+                psw_requires_grad, *self._training_config(), launch=self.backward_launch, classes=self._row_classes,
+                graphs=self.backward_graphs, plan=plan,
+            )  # fmt: skip
         return psw_grad if psw_requires_grad else None
+
+    @torch.no_grad()
+    def _plan_backward(self, indices, offsets, per_sample_weights, psw_requires_grad, output):
+        """The backward's id-only part, started beside what follows the lookup
+        (``RunsLaunch.plan_in_forward``); None where the backward plans by itself."""
+        max_dim, total_rows, _, pooling, check, optimizer = self._training_config()[:6]
+        with torch.profiler.record_function("tbe_plugin::plan_backward"):
+            return plan_in_forward(
+                self.feature_meta, total_rows, max_dim, indices, offsets, per_sample_weights, psw_requires_grad,
+                pooling, check, optimizer, output.shape, self.backward_launch, self._row_classes,
+                self.backward_graphs,
+            )  # fmt: skip
 
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
         """The training forward as registered ops with autograd, for torch.compile: the
@@ -566,12 +577,15 @@ class _FusedLookup(torch.autograd.Function):
     def forward(ctx, placeholder, per_sample_weights, module, indices, offsets):
         ctx.module = module
         ctx.save_for_backward(indices, offsets, per_sample_weights)
-        return module._lookup(indices, offsets, per_sample_weights)
+        output = module._lookup(indices, offsets, per_sample_weights)
+        ctx.plan = module._plan_backward(indices, offsets, per_sample_weights, ctx.needs_input_grad[1], output)
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
         indices, offsets, per_sample_weights = ctx.saved_tensors
+        plan, ctx.plan = ctx.plan, None  # its memory goes with the step
         psw_grad = ctx.module._fused_backward(
-            grad_output, indices, offsets, per_sample_weights, ctx.needs_input_grad[1]
+            grad_output, indices, offsets, per_sample_weights, ctx.needs_input_grad[1], plan
         )
         return None, psw_grad, None, None, None

@@ -345,6 +345,18 @@ def timed_ms(fn: Callable[[], object], device: torch.device, wait: bool) -> floa
     return (time.perf_counter() - start) * 1e3
 
 
+def plan_in_backward(launch=None):
+    """``launch`` (``runs_launch()`` when None) with the backward's id-only part planned in
+    the backward (``RunsLaunch.plan_in_forward`` off). The kernel benchmarks time
+    ``out.backward(grad)`` after an untimed forward, which would otherwise have started that
+    part of the backward (sort, operands, marks) beside it: their backward is the whole one."""
+    import dataclasses
+
+    from tbe_plugin.ops.backward_launch import runs_launch
+
+    return dataclasses.replace(launch or runs_launch(), plan_in_forward=False)
+
+
 def backward_host_and_wall_ms(forward: Callable[[], torch.Tensor], grad: torch.Tensor, calls: int,
                               device: torch.device) -> tuple[float, float]:  # fmt: skip
     """Medians over ``calls`` of ``out.backward(grad)`` after an untimed ``out = forward()``,

@@ -25,7 +25,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tbe_plugin.benchmarks.backward import build_module, lookup
-from tbe_plugin.benchmarks.common import backward_host_and_wall_ms, generate_batches, silence_fbgemm_logging
+from tbe_plugin.benchmarks.common import (
+    backward_host_and_wall_ms, generate_batches, plan_in_backward, silence_fbgemm_logging,
+)
 from tbe_plugin.benchmarks.report import git_state
 from tbe_plugin.benchmarks.suite import DEVICE_CONFIGS
 from tbe_plugin.ops.backward_launch import runs_launch
@@ -57,6 +59,9 @@ CANDIDATES = {
     "pieces_p32": _launch(design="pieces", piece_programs_per_sm=32),
     "pieces_grid": _launch(design="pieces", piece_programs_per_sm=0),
     "pieces_unroll2": _launch(design="pieces", piece_unroll=2),
+    # The backward's id-only part made in the backward, not in the forward on a side stream
+    # (RunsLaunch.plan_in_forward; for the end to end: the kernel benchmarks always do this).
+    "plan_in_backward": _launch(plan_in_forward=False),
     # The default's kernels, batches of up to 2**20 ids as captured CUDA graphs (ops.backward_graphs).
     "graphs": _launch(graph_max_ids=1 << 20),
     # Per-piece records written by the marks kernel: one round of dependent loads less a round.
@@ -222,7 +227,7 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
     snapshot = [t.detach().clone() for t in _training_state(ours)]
     expected = None
     for name in candidates:
-        launch = CANDIDATES[name]()
+        launch = plan_in_backward(CANDIDATES[name]())  # the timed backward is the whole one
         ours.backward_launch = launch
         try:
             # One step from the same state as every candidate: the same tables up to the
@@ -272,7 +277,7 @@ def suite_with(name: str, argv: list[str]) -> None:
     """The backward suite with our modules under candidate ``name``: FBGEMM's untouched."""
     from tbe_plugin.benchmarks import backward
 
-    launch = CANDIDATES[name]()
+    launch = plan_in_backward(CANDIDATES[name]())  # the suite times the whole backward
     build = backward.build_module
 
     def build_with_launch(provider, cfg, optimizer, device):

@@ -240,6 +240,15 @@ class RunsLaunch:
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:
     a count and a scatter by (class, gradient row)), so that pieces running together read
     neighbouring gradient rows and L2 serves most of the gather; no sum depends on the order."""
+    plan_in_forward: bool = True
+    """Training through the module (eager): the part of the backward that reads only the
+    batch's ids (``embedding_backward.plan_backward``: positions, sort, sorted operands,
+    pieces marks; ~1.1 of the 2.8 ms backward on ctr-dlrm at b8e6fc3) is launched in the
+    forward, after the lookup, on a side CUDA stream, so that it runs beside the dense
+    layers' forward and backward; the backward waits for it and does the rest. Batches
+    that take a captured graph (``graph_max_ids``) plan in their graph. Holds the plan's
+    tensors (~40 bytes an id) from the forward to the backward. Same kernels, same order
+    of every sum: bitwise the same result."""
     graph_max_ids: int = 1 << 20
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel

@@ -373,7 +373,8 @@ def backward_update(
     device tensor whose first element is the address the kernels read the output gradient
     at (a captured graph's, ``backward_graphs``; ``grad_output`` then gives its shape, strides
     and type only), pieces design only. ``plan``: this batch's ``plan_backward``, made
-    earlier with the same arguments (made here when None)."""
+    earlier with the same arguments (made here when None or made for another gradient
+    layout)."""
     device = weights.device
     num_features = feature_meta.shape[0]
     B = (offsets.numel() - 1) // num_features
@@ -386,14 +387,14 @@ def backward_update(
         raise ValueError(f"backward_update: grad_cell is for the pieces design, not {launch.design!r}")
     classes = classes or (block_d_of(max_dim), 0)
     grad_shape = (grad_output.shape[0], grad_output.stride(0))
+    # A plan made for another gradient layout (a one-row gradient may keep any row stride)
+    # or without the rows the per-sample weights' gradient reads is made again.
+    if plan is not None and (plan.grad_shape != grad_shape or (psw_requires_grad and plan.rows is None)):
+        plan = None
     if plan is None:
         plan = plan_backward(feature_meta, total_rows, indices, offsets, per_sample_weights, psw_requires_grad,
                              pooling, bounds_check, args.optimizer, grad_shape, launch, classes,
                              graphed=grad_cell is not None)  # fmt: skip
-    elif plan.grad_shape != grad_shape or (psw_requires_grad and plan.rows is None):
-        raise ValueError(f"backward_update: the plan was made for an output gradient of (rows, row stride) "
-                         f"{plan.grad_shape} (per-sample weights' gradient: {plan.rows is not None}), "
-                         f"this one is {grad_shape} ({psw_requires_grad})")  # fmt: skip
     mean = pooling == Pooling.MEAN
     if plan.hot is not None:
         tables, hot_rows, hot_counts = plan.hot

@@ -24,8 +24,8 @@ import torch
 from tbe_plugin.ops.bounds import merge_status, warn_once
 from tbe_plugin.ops.common import STATUS_LEN, new_status
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
-from tbe_plugin.ops.backward_launch import RunsLaunch
-from tbe_plugin.ops.embedding_backward import backward_update
+from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
+from tbe_plugin.ops.embedding_backward import BackwardPlan, backward_update, plan_backward
 from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
 from tbe_plugin.ops.optimizers import OptimizerArgs
 
@@ -55,13 +55,15 @@ def fused_update(
     launch: Optional[RunsLaunch] = None,
     classes: Optional[List[int]] = None,
     graphs: Optional[BackwardGraphs] = None,
+    plan: Optional["EarlyPlan"] = None,
 ) -> torch.Tensor:
     """One optimizer step (step count and rounding seed advance first, as in FBGEMM);
     returns the per-sample-weight gradient, empty unless ``psw_requires_grad``. ``launch``:
     the backward kernels' sizes (their heuristic when None); ``classes``: the module's
     classes of row tiles, (BLOCK_D, first global row) flat (``backward_update``);
     ``graphs``: the module's captured backwards, used for batches ``launch`` says to
-    graph (``backward_graphs``)."""
+    graph (``backward_graphs``); ``plan``: this batch's plan from its forward
+    (``plan_in_forward``)."""
     if step is not None:
         step.add_(1)
     rounding_seed.add_(1)
@@ -78,9 +80,11 @@ def fused_update(
         seed=int(rounding_seed.item()),
     )
     update = graphs.backward if graphs is not None and graphs.applies(launch, indices, offsets) else backward_update
+    options = {"plan": take_plan(plan)} if plan is not None and update is backward_update else {}
     psw_grad = update(
         grad_output, weights, momentum1, momentum2, step, feature_meta, max_dim, total_rows, align,
         indices, offsets, per_sample_weights, psw_requires_grad, pooling, bounds_check, args, launch, classes,
+        **options,
     )  # fmt: skip
     return psw_grad if psw_grad is not None else grad_output.new_empty(0)
 
@@ -123,13 +127,99 @@ def _without_parameters(fn, *parameters: str):
     return without
 
 
+class EarlyPlan(NamedTuple):
+    """A batch's ``plan_backward`` made in its forward, and (CUDA) the event its side stream
+    recorded after it."""
+
+    plan: BackwardPlan
+    ready: Optional[torch.cuda.Event]
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[key]
+
+
+def plan_in_forward(
+    feature_meta: torch.Tensor,
+    total_rows: int,
+    max_dim: int,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    psw_requires_grad: bool,
+    pooling: int,
+    bounds_check: bool,
+    optimizer: int,
+    output_shape: Sequence[int],
+    launch: Optional[RunsLaunch] = None,
+    classes: Optional[List[int]] = None,
+    graphs: Optional[BackwardGraphs] = None,
+) -> Optional[EarlyPlan]:
+    """The batch's backward plan (``embedding_backward.plan_backward``), started now, after
+    the lookup (``RunsLaunch.plan_in_forward``): on CUDA on a side stream that waits for
+    the current one, so that the plan runs beside whatever the current stream does until
+    the backward (the dense layers); on the CPU at once. None where the backward will plan
+    by itself: the option off, an empty batch, a batch for a captured graph.
+    ``output_shape``: the forward output's (the output gradient's) shape."""
+    settings = launch or runs_launch()
+    num_features = feature_meta.shape[0]
+    if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= num_features:
+        return None
+    if graphs is not None and graphs.applies(launch, indices, offsets):
+        return None
+    grad_shape = (int(output_shape[0]), int(output_shape[1]))  # contiguous: the row stride is the width
+
+    def plan() -> BackwardPlan:
+        return plan_backward(feature_meta, total_rows, indices, offsets, per_sample_weights, psw_requires_grad,
+                             pooling, bounds_check, optimizer, grad_shape, settings, classes, max_dim)  # fmt: skip
+
+    if indices.device.type != "cuda":
+        return EarlyPlan(plan(), None)
+    side = _side_stream(indices.device)
+    side.wait_stream(torch.cuda.current_stream(indices.device))
+    with torch.cuda.stream(side):
+        made = plan()
+        ready = torch.cuda.Event()
+        ready.record(side)
+    # The inputs are the caller's: their memory is not reused before the plan has read them.
+    for tensor in (feature_meta, indices, offsets, per_sample_weights):
+        if tensor is not None:
+            tensor.record_stream(side)
+    return EarlyPlan(made, ready)
+
+
+def take_plan(early: EarlyPlan) -> BackwardPlan:
+    """The plan, for use on the current stream: it waits for the side stream's event, and
+    the plan's tensors (made on the side stream) are marked in use on it."""
+    if early.ready is not None:
+        current = torch.cuda.current_stream(early.plan.class_pos.device)
+        current.wait_event(early.ready)
+        for tensor in _plan_tensors(early.plan):
+            tensor.record_stream(current)
+    return early.plan
+
+
+def _plan_tensors(value) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _plan_tensors(item)]
+    return []
+
+
 # What the update writes, declared to the compiler: it keeps the op for these writes (no
 # output of it need be read) and orders later readers of the tables after it. ``launch``
 # (the kernels' sizes, not a schema type) stays at its heuristic under compile, and no
 # captured graphs (``graphs``) serve it.
 tbe_fused_update_op = torch.library.custom_op(
     "tbe_plugin::tbe_fused_update",
-    _without_parameters(fused_update, "launch", "graphs"),
+    _without_parameters(fused_update, "launch", "graphs", "plan"),
     mutates_args=("weights", "momentum1", "momentum2", "step", "rounding_seed"),
 )
 

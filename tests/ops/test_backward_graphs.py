@@ -161,9 +161,9 @@ def test_kernels_read_the_gradient_at_the_cells_address(monkeypatch):
     from tbe_plugin.ops import training
     from tbe_plugin.ops.embedding_backward import backward_update
 
-    def through_cell(grad_output, *args):
+    def through_cell(grad_output, *args, **kwargs):  # kwargs: the forward's plan
         cell = torch.tensor([grad_output.data_ptr()], dtype=torch.int64)
-        return backward_update(torch.zeros_like(grad_output), *args, grad_cell=cell)
+        return backward_update(torch.zeros_like(grad_output), *args, grad_cell=cell, **kwargs)
 
     rows = [SPECS[t][0] for t in FTM]
     indices, offsets = make_bags(rows, B=5, max_len=6, seed=4, hot_fraction=0.5)

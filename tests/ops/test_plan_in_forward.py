@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from tbe_plugin.ops import training
+from tbe_plugin.ops import embedding_backward, training
 from tbe_plugin.ops.backward_launch import runs_launch
 from tbe_plugin.ops.embedding_backward import plan_backward
 from tests.helpers import assert_bitwise_equal, make_bags
@@ -19,14 +19,15 @@ IN_FORWARD = dataclasses.replace(runs_launch(), plan_in_forward=True, graph_max_
 
 
 def _counting_plans(monkeypatch):
-    """Patches the training ops' ``plan_backward`` to count its calls (a list of one)."""
-    calls, original = [0], training.plan_backward
+    """Counts the calls of ``plan_backward`` (a list of one), the forward's and the backward's."""
+    calls, original = [0], embedding_backward.plan_backward
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
     monkeypatch.setattr(training, "plan_backward", counted)
+    monkeypatch.setattr(embedding_backward, "plan_backward", counted)
     return calls
 
 

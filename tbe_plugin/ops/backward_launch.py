@@ -248,7 +248,11 @@ class RunsLaunch:
     layers' forward and backward; the backward waits for it and does the rest. Batches
     that take a captured graph (``graph_max_ids``) plan in their graph. Holds the plan's
     tensors (~40 bytes an id) from the forward to the backward. Same kernels, same order
-    of every sum: bitwise the same result."""
+    of every sum: bitwise the same result. H200 at 3017d08 (``pipelines.bench.e2e``, ctr-dlrm
+    DLRM, SparseDist, one call): 1.080x FBGEMM's examples/s against 1.060x with the plan in
+    the backward; the plan's kernels did not run beside the dense GEMMs (the device times
+    add up to the step) but filled the 0.3 ms the host left idle in the backward; peak
+    memory +3.3% (SparseDist) to +6.6% (SemiSync, staleness 1) over FBGEMM's."""
     graph_max_ids: int = 1 << 20
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel

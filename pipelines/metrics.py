@@ -24,14 +24,16 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch.autograd import DeviceType
 
-# Profiler event names by phase: our ops (record_function ranges in tbe_plugin.module),
+# Profiler event names by phase: our ops (record_function ranges in tbe_plugin.module and
+# tbe_plugin.ops.training: the backward's plan, launched during the forward, is backward work),
 # FBGEMM's (its lookup op and the autograd node of its backward), TorchRec's range around a
-# sharded module's lookup (FBGEMM's bounds check with it), the collectives.
+# sharded module's lookup (FBGEMM's bounds check with it), the collectives. The innermost
+# op of a phase decides.
 PHASE_PATTERNS = {
     "tbe_forward": ("tbe_plugin::lookup", "split_embedding_codegen_lookup", "split_embedding_codegen_forward",
                     "[lookup]_", "fbgemm::bounds_check_indices"),
-    "tbe_backward": ("tbe_plugin::fused_update", "SplitLookupFunction", "split_embedding_backward",
-                     "_FusedLookupBackward"),
+    "tbe_backward": ("tbe_plugin::fused_update", "tbe_plugin::plan_backward", "SplitLookupFunction",
+                     "split_embedding_backward", "_FusedLookupBackward"),
     "all_to_all": ("all_to_all", "alltoall", "all2all", "All2All"),
 }  # fmt: skip
 REST = "dense_and_other"

@@ -28,7 +28,7 @@ from tbe_plugin.ops.training import (
 )
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
-from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes
+from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes, runs_launch
 from tbe_plugin.ops.embedding_forward import tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
@@ -540,13 +540,13 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     def _plan_backward(self, indices, offsets, per_sample_weights, psw_requires_grad, output):
         """The backward's id-only part, started beside what follows the lookup
         (``RunsLaunch.plan_in_forward``); None where the backward plans by itself."""
+        if not (self.backward_launch or runs_launch()).plan_in_forward:
+            return None  # (first: small batches' steps are host-bound)
         max_dim, total_rows, _, pooling, check, optimizer = self._training_config()[:6]
-        with torch.profiler.record_function("tbe_plugin::plan_backward"):
-            return plan_in_forward(
-                self.feature_meta, total_rows, max_dim, indices, offsets, per_sample_weights, psw_requires_grad,
-                pooling, check, optimizer, output.shape, self.backward_launch, self._row_classes,
-                self.backward_graphs,
-            )  # fmt: skip
+        return plan_in_forward(
+            self.feature_meta, total_rows, max_dim, indices, offsets, per_sample_weights, psw_requires_grad,
+            pooling, check, optimizer, output.shape, self.backward_launch, self._row_classes, self.backward_graphs,
+        )  # fmt: skip
 
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
         """The training forward as registered ops with autograd, for torch.compile: the

@@ -183,7 +183,7 @@ def plan_in_forward(
         return EarlyPlan(plan(), None)
     side = _side_stream(indices.device)
     side.wait_stream(torch.cuda.current_stream(indices.device))
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side), torch.profiler.record_function("tbe_plugin::plan_backward"):
         made = plan()
         ready = torch.cuda.Event()
         ready.record(side)

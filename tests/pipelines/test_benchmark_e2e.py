@@ -81,6 +81,8 @@ def test_smoke_profile_attributes_time_to_each_backends_tbe(smoke):
      TBE_BACKWARD),  # FBGEMM's backward launches generic kernels too: its autograd node decides
     ("split_embedding_codegen_forward_unweighted_kernel",
      ["fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function", "## forward ##"], TBE_FORWARD),
+    ("void radix_sort", ["aten::sort", "tbe_plugin::plan_backward", "[lookup]_[model.sparse_arch.ebc]_[table_wise]"],
+     TBE_BACKWARD),  # our backward's plan, launched inside TorchRec's lookup range, is backward work
     ("bounds_check_indices_kernel", ["fbgemm::bounds_check_indices", "[lookup]_[model.sparse_arch.ebc]_[table_wise]"],
      TBE_FORWARD),  # TorchRec's range around the lookup holds FBGEMM's bounds check too
     ("void cat_kernel", ["aten::cat", "[output_dist]_[model.sparse_arch.ebc]_[table_wise]"], OTHER),

@@ -62,6 +62,8 @@ CANDIDATES = {
     # The backward's id-only part made in the backward, not in the forward on a side stream
     # (RunsLaunch.plan_in_forward; for the end to end: the kernel benchmarks always do this).
     "plan_in_backward": _launch(plan_in_forward=False),
+    # Repeats of a row in one bag (adjacent in the sorted ids) read their gradient row once.
+    "repeats": _launch(piece_repeats=True),
     # The default's kernels, batches of up to 2**20 ids as captured CUDA graphs (ops.backward_graphs).
     "graphs": _launch(graph_max_ids=1 << 20),
     # Per-piece records written by the marks kernel: one round of dependent loads less a round.

@@ -235,6 +235,13 @@ class RunsLaunch:
     fp16 rows of D=128 66 registers, 14 fit; D=512 on 4 warps 92, 5 fit; ``piece_lanes`` 93,
     10 fit). H200 at 667690e: within noise of the default launch (ctr-dlrm 3.22 against 3.16
     ms, ctr-mix 4.84 against 4.93); on for the short launch alone (``short_fit``)."""
+    piece_repeats: bool = False
+    """``pieces``: an id whose output-gradient row is its predecessor's in the sorted order
+    (its row again in the same bag: a repeat within a bag, adjacent because the sort is
+    stable) takes the row its lane loaded last instead of gathering it again; the same
+    values are added in the same order (bitwise the same result). ctr-dlrm's batches hold
+    ~a third of their ids as such repeats. Tiles up to 256 (ptxas sm_90: the last row
+    loaded takes 6-16 more registers, 103 at tile 512 with two state rows)."""
     piece_order: bool = False
     """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:

@@ -291,8 +291,15 @@ def pieces_variants():
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
                                       BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False, LANES=0, INDIRECT=False)  # fmt: skip
+                                      GRAD_CELL=False, LANES=0, INDIRECT=False, REPEATS=False)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
+                    # RunsLaunch.piece_repeats (tiles up to 256): a bag's repeats of a row take the row loaded last
+                    if block_d <= 256:
+                        yield kernel, dict(constexprs, REPEATS=True), sizes.piece_warps, weights, "*i32"
+                    if sizes.short_lanes and block_d <= 256:
+                        yield kernel, dict(constexprs, LANES=sizes.short_lanes, RUNS=sizes.short_runs, INDIRECT=True,
+                                           BARRIER=sizes.short_warps > 1, REPEATS=True), sizes.short_warps, weights, \
+                            "*i32"  # fmt: skip
                     if (weights, optimizer) == PIECES_UPDATES[0]:  # the records, ordered and in-place candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
@@ -328,7 +335,7 @@ def pieces_variants():
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
                                       UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False, LANES=0, INDIRECT=False), \
+                                      GRAD_CELL=False, LANES=0, INDIRECT=False, REPEATS=False), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 

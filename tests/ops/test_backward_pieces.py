@@ -327,3 +327,48 @@ def test_wide_tiles_take_their_own_unroll():
     train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=6, max_len=12, hot=0.8, lr=0.05)
     with pytest.raises(ValueError, match="RunsLaunch.wide_piece_unroll"):
         RunsLaunch(wide_piece_unroll=17)
+
+
+@pytest.mark.parametrize("pooling, weighted, short, lanes", [("SUM", False, 0, 0), ("SUM", False, 4, 32),
+                                                             ("MEAN", True, 0, 0), ("SUM", True, 2, 0)],
+                         ids=["sum", "sum-short-lanes", "mean-weighted", "weighted-short"])
+def test_repeats_within_a_bag_reuse_the_loaded_row_bitwise(pooling, weighted, short, lanes):
+    """``piece_repeats``: ids that repeat a row in one bag (adjacent in the stable sort) take
+    the row their lane loaded last; tables and states are bitwise those of gathering every
+    id again, in pieces, short runs and lanes, scaled or not. The batches hold such repeats."""
+    launch = dataclasses.replace(PIECES, piece_short=short, piece_lanes=lanes, piece_fit=lanes > 0,
+                                 graph_max_ids=0)  # fmt: skip
+    modules, psw_grads = [], []
+    for repeats in (False, True):
+        emb = build("ADAM", pooling, learning_rate=0.05)
+        emb.backward_launch = dataclasses.replace(launch, piece_repeats=repeats)
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        grads = []
+        for step in range(2):
+            indices, offsets = make_bags(rows, B=8, max_len=12, seed=40 + step, hot_fraction=0.9)
+            bags = torch.repeat_interleave(torch.arange(offsets.numel() - 1), offsets.diff())
+            pairs = torch.stack([bags, indices], 1)
+            assert pairs.unique(dim=0).shape[0] < indices.numel() * 0.8  # over a fifth of the ids are repeats
+            psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)).requires_grad_(weighted)
+            out = emb(indices, offsets, psw if weighted else None)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
+            grads.append(psw.grad)
+        modules.append(emb)
+        psw_grads.append(grads)
+    assert_bitwise_equal(*modules)
+    if weighted:
+        assert all(torch.equal(a, b) for a, b in zip(*psw_grads))
+    assert not torch.equal(modules[0].weights, build("ADAM", pooling).weights)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
+def test_repeats_on_cuda(optimizer):
+    """Zipf(1.15) ids over tables of tiles 16, 128 and 512 (B=16384, 20 ids a bag: the hot
+    rows repeat within bags): ``piece_repeats`` trains bitwise like gathering every id, eager
+    and graphed (the tile of 512 keeps gathering: the option covers tiles up to 256)."""
+    launches = (RunsLaunch(graph_max_ids=0), RunsLaunch(graph_max_ids=0, piece_repeats=True),
+                RunsLaunch(piece_repeats=True))  # fmt: skip
+    modules, _ = cuda_zipf_steps(optimizer, launches)
+    assert_bitwise_equal(modules[0], modules[1])
+    assert_bitwise_equal(modules[0], modules[2])

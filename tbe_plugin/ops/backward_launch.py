@@ -241,7 +241,11 @@ class RunsLaunch:
     stable) takes the row its lane loaded last instead of gathering it again; the same
     values are added in the same order (bitwise the same result). ctr-dlrm's batches hold
     ~a third of their ids as such repeats. Tiles up to 256 (ptxas sm_90: the last row
-    loaded takes 6-16 more registers, 103 at tile 512 with two state rows)."""
+    loaded takes 6-16 more registers, 103 at tile 512 with two state rows). Off: slower.
+    H200 at 25326c6 (``profile_backward``, candidate ``repeats``; bitwise equal): the pieces
+    kernel 1.41 -> 1.73 ms on ctr-dlrm, 1.64 -> 2.03 on long-bags, 2.19 -> 2.51 on ctr-mix
+    (fp32 rowwise: 64 -> 80 registers, 16 -> 12 resident programs a multiprocessor; the
+    gathers it saves were cache hits); the suite's backward geomean 1.264 against 1.294."""
     piece_order: bool = False
     """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:

@@ -164,9 +164,10 @@ def plan_in_forward(
     """The batch's backward plan (``embedding_backward.plan_backward``), started now, after
     the lookup (``RunsLaunch.plan_in_forward``): on CUDA on a side stream that waits for
     the current one, so that the plan runs beside whatever the current stream does until
-    the backward (the dense layers); on the CPU at once. None where the backward will plan
-    by itself: the option off, an empty batch, a batch for a captured graph.
-    ``output_shape``: the forward output's (the output gradient's) shape."""
+    the backward (the dense layers); on the CPU and under capture at once, on the current
+    stream. None where the backward will plan by itself: the option off, an empty batch, a
+    batch for a captured graph. ``output_shape``: the forward output's (the output
+    gradient's) shape."""
     settings = launch or runs_launch()
     num_features = feature_meta.shape[0]
     if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= num_features:
@@ -179,7 +180,10 @@ def plan_in_forward(
         return plan_backward(feature_meta, total_rows, indices, offsets, per_sample_weights, psw_requires_grad,
                              pooling, bounds_check, optimizer, grad_shape, settings, classes, max_dim)  # fmt: skip
 
-    if indices.device.type != "cuda":
+    # On the CPU, and inside a CUDA graph's capture (a side stream's work there must join the
+    # capturing stream before the capture ends, which a forward captured alone would not do),
+    # the plan is made at once on the current stream.
+    if indices.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return EarlyPlan(plan(), None)
     side = _side_stream(indices.device)
     side.wait_stream(torch.cuda.current_stream(indices.device))

@@ -137,3 +137,22 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
     assert_bitwise_equal(modules[1], modules[2])
     assert not torch.equal(modules[0].weights, build(optimizer, specs=list(zip(rows, dims)), ftm=None,
                                                      device="cuda").weights)  # fmt: skip
+
+
+def test_a_second_backward_of_one_lookup_plans_again():
+    """``retain_graph``: the first backward takes the forward's plan and lets it go; a second
+    backward of the same output plans by itself and applies a second update, as with the plan
+    in the backward."""
+    modules = []
+    for launch in (IN_BACKWARD, IN_FORWARD):
+        emb = build("EXACT_ROWWISE_ADAGRAD")
+        emb.backward_launch = launch
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        out = emb(*make_bags(rows, B=4, max_len=6, seed=8, hot_fraction=0.5))
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(8))
+        out.backward(grad, retain_graph=True)
+        once = emb.weights.clone()
+        out.backward(grad)
+        assert not torch.equal(once, emb.weights)  # the second update applied
+        modules.append(emb)
+    assert_bitwise_equal(*modules)

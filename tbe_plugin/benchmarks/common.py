@@ -350,8 +350,6 @@ def plan_in_backward(launch=None):
     the backward (``RunsLaunch.plan_in_forward`` off). The kernel benchmarks time
     ``out.backward(grad)`` after an untimed forward, which would otherwise have started that
     part of the backward (sort, operands, marks) beside it: their backward is the whole one."""
-    import dataclasses
-
     from tbe_plugin.ops.backward_launch import runs_launch
 
     return dataclasses.replace(launch or runs_launch(), plan_in_forward=False)

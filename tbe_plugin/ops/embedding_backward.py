@@ -412,10 +412,8 @@ def backward_update(
     while grad_output.stride(0) % align:
         align //= 2
     scaled = mean or per_sample_weights is not None
-    _launch_runs(
-        grad_output, plan.sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-        classes, launch, pooling != Pooling.NONE, grad_cell, plan,
-    )  # fmt: skip
+    _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, scaled, align, total_rows, classes,
+                 launch, grad_cell)  # fmt: skip
     return psw_grad
 
 
@@ -477,11 +475,12 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
     return chunk_list, torch.searchsorted(chunk_list, class_pos)
 
 
-def _launch_runs(grad_output, sorted_operands, weights, momentum1, momentum2, step, args, scaled, align, total_rows,
-                 classes, launch, pooled, grad_cell, plan) -> None:  # fmt: skip
-    """Steps 4 to 6 (``backward_runs``): per class of tables, the chunks; then per class the
-    long runs' segment and group sums and the long runs themselves (``plan``: the batch's
-    ``plan_backward``)."""
+def _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, scaled, align, total_rows, classes,
+                 launch, grad_cell) -> None:  # fmt: skip
+    """Steps 4 to 6 (``backward_runs``) on the batch's ``plan_backward``: per class of
+    tables, the chunks; then per class the long runs' segment and group sums and the long
+    runs themselves."""
+    sorted_operands = plan.sorted_operands
     sorted_rows = sorted_operands[0]
     device, N = weights.device, sorted_rows.numel()
     block_ds = list(classes[0::2])

@@ -37,6 +37,14 @@ _IMPORTED_AT = time.time()  # the module's imports done (torch, hydra, the proje
 _MAIN: Dict[str, float] = {}  # main()'s wall-clock marks before train() (absent when train() is called directly)
 
 
+def _say(line: str) -> None:
+    """One line to stdout in one write. The ranks share one pipe, and with PYTHONUNBUFFERED set
+    ``print`` writes its text and its newline separately: another rank's log line could land
+    between them and run into ours (a CI run read ``metrics {...}`` followed by a planner warning)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def data_source(cfg: TrainConfig, rank: int, stream: int = 0) -> Any:
     """This rank's source of training (stream 0) or evaluation (stream 1) batches: Criteo
     files (evaluation reads the held-out ``criteo_eval_paths``) or the planted click log,
@@ -246,7 +254,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         first_step, position = _restore(store, resume_from, dmp, dense_optimizer)
         if rank == 0:
             under = f" under the plan of {plan_file}" if plan_file else ""
-            print(f"[rank 0] resumed from {resume_from} at step {first_step}{under}", flush=True)
+            _say(f"[rank 0] resumed from {resume_from} at step {first_step}{under}")
     restored_at = time.time()
     batches, collector = make_batches(cfg, rank, cfg.steps - first_step, position=position), None
     if cfg.sharding.statistics_every:  # feature statistics of the batches as the pipeline draws them
@@ -359,14 +367,14 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
             if agreed.preempted:
                 path = checkpoint() if store else "(no checkpoint.dir)"
                 if rank == 0:
-                    print(f"[rank 0] pre-empted after step {step}: checkpoint {path}; exiting", flush=True)
+                    _say(f"[rank 0] pre-empted after step {step}: checkpoint {path}; exiting")
                 raise JobHeld(Hold("preempted", "preemption_signal", step, saved["path"], rank=rank), agreed=True)
             if agreed.waiting_for_data:
                 checkpoint()  # what was trained since the last checkpoint is kept
                 waits = sorted({path for ranks_waits in _gathered(waiting) for path in ranks_waits})
                 if rank == 0:
-                    print(f"[rank 0] data not ready after step {step}: waiting for {', '.join(waits)}; "
-                          f"checkpoint {saved['path']}; exiting", flush=True)  # fmt: skip
+                    _say(f"[rank 0] data not ready after step {step}: waiting for {', '.join(waits)}; "
+                         f"checkpoint {saved['path']}; exiting")  # fmt: skip
                 raise JobHeld(Hold("data", "data_not_ready", step, saved["path"], waiting_for=waits, rank=rank), True)
             _set_learning_rates(cfg, dmp, dense_optimizer, step, sparse_base)
             if cfg.logging.profile_steps and step - first_step == cfg.logging.profile_after and rank == 0:
@@ -409,7 +417,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                 check_s = time.perf_counter() - t0
                 log.record("repartition", step, **decision.record(), check_s=check_s, pause_s=check_s)
                 if rank == 0:
-                    print(f"[rank 0] {decision.line()}", flush=True)
+                    _say(f"[rank 0] {decision.line()}")
                 if decision.reshard:
                     path = checkpoint()  # drains; written under the old plan
                     t0 = time.perf_counter()
@@ -462,7 +470,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
                end_s=final_at - loop_end_at)  # fmt: skip
     log.close()
     if rank == 0:
-        print(f"[rank 0] metrics {json.dumps(metrics)}", flush=True)
+        _say(f"[rank 0] metrics {json.dumps(metrics)}")
     return metrics
 
 
@@ -495,7 +503,7 @@ def _log_imbalance(cfg: TrainConfig, dmp, collector, world_size: int, device: to
                predicted_step_ms=report.predicted_step_ms, hottest_tables=report.hottest_tables())  # fmt: skip
     metrics["imbalance_max_over_mean"] = report.max_over_mean
     if dist.get_rank() == 0:
-        print(f"[rank 0] {report.line(name)}", flush=True)
+        _say(f"[rank 0] {report.line(name)}")
         if cfg.sharding.statistics_out:
             from pipelines.app.repartition import plan_file_beside, save_plan
 
@@ -522,7 +530,7 @@ def _run_dir() -> str:
 def _write_hold(hold: Hold, run_dir: str) -> int:
     path = hold.write(run_dir)
     where = f"; last good checkpoint {hold.last_good_checkpoint}" if hold.last_good_checkpoint else ""
-    print(f"[rank {hold.rank}] hold ({hold.kind}): {hold.reason} at step {hold.step}{where}; {path}", flush=True)
+    _say(f"[rank {hold.rank}] hold ({hold.kind}): {hold.reason} at step {hold.step}{where}; {path}")
     return hold.exit_code
 
 

@@ -14,7 +14,7 @@ SHORT = ["steps=12", "eval_batches=2", "data.batch_size=32", "logging.progress_b
 
 
 def run_app(tmp_path, *overrides, nproc=2, **env_vars):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), **env_vars)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **env_vars)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "pipelines.app.train", *SHORT, *overrides]  # fmt: skip
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -96,3 +96,23 @@ def test_per_table_optimizer_overrides(runs, tmp_path):
            if not (tmp_path / b).mkdir()}  # fmt: skip
     assert abs(got["triton"]["weights_checksum"] - got["fbgemm"]["weights_checksum"]) < 1e-3, got
     assert abs(got["triton"]["weights_checksum"] - runs["triton"]["weights_checksum"]) > 1e-2, (got, runs)
+
+
+def test_rank_lines_go_out_in_one_write(monkeypatch):
+    """The ranks share one stdout pipe: a line and its newline must leave in one write, or
+    another rank's log line can fall between them (``print`` under PYTHONUNBUFFERED makes two)."""
+    from pipelines.app import train
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            writes.append(None)
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    train._say('[rank 0] metrics {"steps": 6}')
+    assert writes == ['[rank 0] metrics {"steps": 6}\n', None]

@@ -6,6 +6,9 @@ No dense gradient is ever materialized. The backward of one batch:
    found by a binary search of the offsets the block spans), its global row (rows of all tables stacked,
    with the forward's bounds repair), its bag and its factor (per-sample weight, 1/L for
    MEAN). Ids outside every bag get a sentinel row.
+   With ``RunsLaunch.merge_repeats`` (a candidate, off), ``positions.merged_positions``
+   instead: a bag's repeats of a row within a window of positions become one id whose
+   factor sums theirs, the kept ids compacted (their count read on the host).
 2. ``torch.sort`` (stable) of the global rows, as int32 when all tables together have
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
@@ -58,24 +61,12 @@ from tbe_plugin.ops.indexing import (
     _META_DIM,
     _META_OUT_OFFSET,
     _META_ROW_BASE,
-    _META_ROWS,
     _META_WEIGHT_OFFSET,
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs
 from tbe_plugin.ops.pieces_launch import PieceMarks, _launch_pieces, piece_marks
+from tbe_plugin.ops.positions import bag_length, bag_rows, merged_positions, positions_window
 from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
-
-
-@triton.jit
-def _bag_length(offsets_ptr, bag, valid, num_indices):
-    """A bag's length for MEAN, at least 1: its offsets clamped into [0, num_indices] (for
-    valid offsets, their difference; the backward's rule for invalid ones, which the
-    forward has reported, and the same for a batch padded to its graph's bucket)."""
-    start = tl.load(offsets_ptr + bag, mask=valid, other=0).to(tl.int64)
-    end = tl.load(offsets_ptr + bag + 1, mask=valid, other=0).to(tl.int64)
-    start = tl.minimum(tl.maximum(start, 0), num_indices)
-    end = tl.minimum(tl.maximum(end, 0), num_indices)
-    return tl.maximum(end - start, 1)
 
 
 @triton.jit
@@ -86,13 +77,8 @@ def _positions_kernel(
     LOG_HOT: tl.constexpr = 0,
 ):  # fmt: skip
     """Per id, BLOCK consecutive positions a program (every load and store contiguous,
-    whatever the bags' lengths): its bag (the last bag starting at or before it, by a
-    binary search of the offsets between the bags of the block's first and last positions,
-    ``window_ptr[k]`` and ``window_ptr[k + 1]`` (``positions_window``): log2 of the bags a
-    block spans, ~6 dependent rounds at 20 ids a bag, instead of log2 of all the bags, 19
-    at B=16384 and 30 features), then its global
-    row (the sort key; with CHECK an id outside its table reads as row 0, the forward's
-    repair), the bag (feature * B + b: what the output-gradient row and the table follow
+    whatever the bags' lengths): its bag and global row (``positions.bag_rows``: the row is
+    the sort key; with CHECK an id outside its table reads as row 0, the forward's repair), the bag (feature * B + b: what the output-gradient row and the table follow
     from), and the factor on that row (per-sample weight, 1/L for MEAN). A position in no
     bag (before the first offset or at or after the last) gets the sentinel row. HOT
     (``RunsLaunch.hot_rows``; 0: off): an id whose row is one of its feature's HOT hot rows
@@ -101,31 +87,8 @@ def _positions_kernel(
     block = tl.program_id(0).to(tl.int64)
     p = block * BLOCK + tl.arange(0, BLOCK)
     inside = p < num_indices
-    # upper_bound(offsets[0 .. total_bags], p) - 1, for every position at once. The answer
-    # lies between the upper bounds of the block's first position and of the next block's
-    # (torch.searchsorted, one query a block): each round halves that window.
-    first = tl.load(window_ptr + block)
-    last = tl.load(window_ptr + block + 1)
-    lo = tl.zeros([BLOCK], dtype=tl.int64) + first
-    hi = tl.zeros([BLOCK], dtype=tl.int64) + last
-    span = last - first
-    while span > 0:
-        active = lo < hi
-        mid = (lo + hi) // 2
-        at_or_before = tl.load(offsets_ptr + mid, mask=inside & active, other=0).to(tl.int64) <= p
-        lo = tl.where(active & at_or_before, mid + 1, lo)
-        hi = tl.where(active & ~at_or_before, mid, hi)
-        span = span // 2
-    bag = lo - 1
-    valid = inside & (bag >= 0) & (bag < total_bags)
-    bag = tl.where(valid, bag, 0)
-    feature = bag // B
-    meta = feature_meta_ptr + feature * _META_COLS
-    rows = tl.load(meta + _META_ROWS, mask=valid, other=1)
-    ids = tl.load(indices_ptr + p, mask=valid, other=0).to(tl.int64)
-    if CHECK:
-        ids = tl.where((ids < 0) | (ids >= rows), 0, ids)
-    row = tl.load(meta + _META_ROW_BASE, mask=valid, other=0) + ids
+    bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
+                                        B, total_bags, CHECK)  # fmt: skip
     keyed = valid
     if HOT > 0:
         # Lower bound of the row among the feature's hot rows (ascending, padded above every row).
@@ -145,16 +108,8 @@ def _positions_kernel(
         if WEIGHTED:
             scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
         if MEAN:
-            scale *= tl.div_rn(1.0, _bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
+            scale *= tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
         tl.store(scale_out_ptr + p, scale, mask=valid)
-
-
-def positions_window(offsets: torch.Tensor, num_indices: int, block: int) -> torch.Tensor:
-    """For ``_positions_kernel``'s programs of ``block`` positions: upper_bound(offsets, k *
-    block) for k = 0 .. programs (the last entry bounds the last program), int64."""
-    programs = cdiv(num_indices, block)
-    starts = torch.arange(0, (programs + 1) * block, block, device=offsets.device, dtype=offsets.dtype)
-    return torch.searchsorted(offsets, starts, right=True)
 
 
 @triton.jit
@@ -220,7 +175,7 @@ def _psw_grad_kernel(
         g = tl.load(grad_ptr + g_start[:, None] + cols[None, :], mask=mask, other=0.0)
         acc += tl.sum(w.to(tl.float32) * g.to(tl.float32), axis=1)
     if MEAN:
-        acc = tl.div_rn(acc, _bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
+        acc = tl.div_rn(acc, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
     tl.store(out_ptr + p, acc, mask=p < num_indices)
 
 
@@ -249,6 +204,7 @@ class BackwardPlan(NamedTuple):
     hot: Optional[tuple]  # RunsLaunch.hot_rows: (tables, hot rows, hot counts); None: off
     sentinel: int
     grad_shape: Tuple[int, int]  # the output gradient's rows and row stride it was planned for
+    scaled: bool  # whether each sorted id carries a factor (MEAN, per-sample weights, merged repeats)
 
 
 def plan_backward(
@@ -289,24 +245,31 @@ def plan_backward(
     mean = pooling == Pooling.MEAN
     weighted = per_sample_weights is not None
     scaled = mean or weighted
-    rows = torch.empty(N, dtype=key_dtype, device=device)  # every position written (the sentinel outside bags)
-    bags = torch.empty(N, dtype=torch.int32 if total_bags < 2**31 else torch.int64, device=device)
-    scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
-    psw = per_sample_weights if weighted else scale
-    window = positions_window(offsets, N, POSITIONS_BLOCK)
+    bag_dtype = torch.int32 if total_bags < 2**31 else torch.int64
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
     hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
-    hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
-    if hot:
-        tables = _hot_tables_of(feature_meta)
-        hot_rows, feature_hot_rows = choose_hot_rows(indices, offsets, feature_meta, tables, B, hot, launch.hot_sample,
-                                                     bounds_check, total_rows)  # fmt: skip
-        hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
-    _positions_kernel[(window.numel() - 1,)](
-        feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
-        sentinel, feature_hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK,
-        HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
-    )  # fmt: skip
+    if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, device):
+        # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
+        rows, bags, scale = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags,
+                                             key_dtype, bag_dtype, mean, bounds_check, launch.merge_repeats)  # fmt: skip
+        N, scaled = rows.numel(), True
+    else:
+        rows = torch.empty(N, dtype=key_dtype, device=device)  # every position written (the sentinel outside bags)
+        bags = torch.empty(N, dtype=bag_dtype, device=device)
+        scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
+        psw = per_sample_weights if weighted else scale
+        window = positions_window(offsets, N, POSITIONS_BLOCK)
+        hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
+        if hot:
+            tables = _hot_tables_of(feature_meta)
+            hot_rows, feature_hot_rows = choose_hot_rows(indices, offsets, feature_meta, tables, B, hot,
+                                                         launch.hot_sample, bounds_check, total_rows)  # fmt: skip
+            hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
+        _positions_kernel[(window.numel() - 1,)](
+            feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
+            sentinel, feature_hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check,
+            BLOCK=POSITIONS_BLOCK, HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
+        )  # fmt: skip
     # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
     # needs of an id) or their int32 position.
     sorted_bags = radix and pooling != Pooling.NONE and not scaled
@@ -335,7 +298,7 @@ def plan_backward(
                             pooling != Pooling.NONE, scaled, *grad_shape)  # fmt: skip
     kept = (rows, bags) if psw_requires_grad else (None, None)
     return BackwardPlan(sorted_operands, class_pos, marks, *kept, (tables, hot_rows, hot_counts) if hot else None,
-                        sentinel, tuple(grad_shape))  # fmt: skip
+                        sentinel, tuple(grad_shape), scaled)  # fmt: skip
 
 
 def backward_update(
@@ -411,8 +374,7 @@ def backward_update(
         )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    scaled = mean or per_sample_weights is not None
-    _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, scaled, align, total_rows, classes,
+    _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, plan.scaled, align, total_rows, classes,
                  launch, grad_cell)  # fmt: skip
     return psw_grad
 
@@ -429,6 +391,16 @@ def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, graphed: bool
     if not launch.hot_rows or launch.design != "pieces" or pooling == Pooling.NONE or weighted:
         return False
     return not graphed and num_ids >= max(launch.hot_min_ids, 1)
+
+
+def _merge_applies(launch: RunsLaunch, pooling: int, psw_requires_grad: bool, graphed: bool, radix: bool, hot: int,
+                   device: torch.device) -> bool:  # fmt: skip
+    """Whether ``RunsLaunch.merge_repeats`` applies: pooled (SUM or MEAN) ids whose per-sample
+    weights need no gradient (it reads each id's own row and bag), an eager batch on a stream
+    the host may wait for (not a captured graph's), ``torch.sort``, no hot rows."""
+    if not launch.merge_repeats or pooling == Pooling.NONE or psw_requires_grad or graphed or radix or hot:
+        return False
+    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
 
 def _hot_tables_of(feature_meta: torch.Tensor) -> HotTables:

@@ -24,6 +24,7 @@ from tbe_plugin.ops.backward_launch import RadixSizes, RunsLaunch, runs_launch  
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 from tbe_plugin.ops import hot_product as hot  # noqa: E402
 from tbe_plugin.ops import pieces_launch  # noqa: E402
+from tbe_plugin.ops import positions  # noqa: E402
 from tbe_plugin.ops import radix_sort as radix  # noqa: E402
 from tbe_plugin.ops.common import vector_alignment  # noqa: E402
 
@@ -234,6 +235,14 @@ def variants():
         yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                                HOT=0, LOG_HOT=0), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
+    # RunsLaunch.merge_repeats: windows of 32 and 64, SUM and MEAN weighted; the compaction.
+    for window in (32, 64):
+        for scaled in (False, True):
+            yield positions._merged_positions_kernel, dict(MEAN=scaled, WEIGHTED=scaled, CHECK=True,
+                                                           BLOCK=positions.merge_block(window), WINDOW=window), \
+                positions.MERGE_WARPS, "*fp32", "*i32"  # fmt: skip
+        yield positions._compact_kernel, dict(BLOCK=positions.merge_block(window)), positions.COMPACT_WARPS, "*fp32", \
+            "*i32"  # fmt: skip
     # RunsLaunch.hot_rows: the positions kernel counting 16 hot rows a feature, the product, the update.
     yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                            HOT=16, LOG_HOT=4), backward.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip

@@ -1,0 +1,184 @@
+"""The backward's first step, shared by its two forms: each id's bag and global row
+(``bag_rows``), and ``RunsLaunch.merge_repeats``: the ids of a bag that repeat a row merged
+into one before the sort (``merged_positions``).
+
+A bag's repeats of a row all read the bag's output-gradient row: for the row's gradient,
+``k`` of them add ``k`` times that row (times each one's factor). Merged, they are one id
+whose factor is the sum of theirs (``k`` for SUM), so that the sort, the sorted operands,
+the marks and the pieces handle one id instead of ``k``. The merge looks within aligned
+windows of ``merge_repeats`` consecutive positions (each window's pairs compared at once:
+an id is dropped when an earlier position of its window holds the same bag and row; the
+first keeps the sum of their factors, added in the window's fixed reduction order), so
+repeats further apart stay separate ids: every window's result depends on its positions
+alone, and the sums are bitwise repeatable. ctr-dlrm's batches (``workloads``, seed 0) keep
+76.5% of their ids at windows of 32 positions, 72.8% at 64, 69.0% with whole bags.
+
+The kept ids are written compacted, in the order of their positions: a counting pass, a
+running total, a writing pass. The sort needs their number on the host: one device-to-host
+read of the total, so the merge is off where the host may not wait (a captured graph).
+
+Lives in ``tbe_plugin.ops``: imports Triton and torch only.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from tbe_plugin.ops.common import cdiv
+from tbe_plugin.ops.indexing import _META_COLS, _META_ROW_BASE, _META_ROWS
+
+
+@triton.jit
+def bag_length(offsets_ptr, bag, valid, num_indices):
+    """A bag's length for MEAN, at least 1: its offsets clamped into [0, num_indices] (for
+    valid offsets, their difference; the backward's rule for invalid ones, which the
+    forward has reported, and the same for a batch padded to its graph's bucket)."""
+    start = tl.load(offsets_ptr + bag, mask=valid, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + bag + 1, mask=valid, other=0).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), num_indices)
+    end = tl.minimum(tl.maximum(end, 0), num_indices)
+    return tl.maximum(end - start, 1)
+
+
+@triton.jit
+def bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside, B, total_bags,
+             CHECK: tl.constexpr):  # fmt: skip
+    """For the positions ``p`` of program ``block``: (bag, valid, feature, global row). The
+    bag is the last one starting at or before the position, by a binary search of the
+    offsets between the bags of the block's first and last positions, ``window_ptr[block]``
+    and ``window_ptr[block + 1]`` (``positions_window``): log2 of the bags a block spans,
+    ~6 dependent rounds at 20 ids a bag, instead of log2 of all the bags, 19 at B=16384 and
+    30 features. Not valid: outside ``inside`` or in no bag (bag 0 then). With CHECK an id
+    outside its table reads as row 0 (the forward's repair)."""
+    # upper_bound(offsets[0 .. total_bags], p) - 1, for every position at once. The answer
+    # lies between the upper bounds of the block's first position and of the next block's
+    # (torch.searchsorted, one query a block): each round halves that window.
+    first = tl.load(window_ptr + block)
+    last = tl.load(window_ptr + block + 1)
+    lo = tl.zeros(p.shape, dtype=tl.int64) + first
+    hi = tl.zeros(p.shape, dtype=tl.int64) + last
+    span = last - first
+    while span > 0:
+        active = lo < hi
+        mid = (lo + hi) // 2
+        at_or_before = tl.load(offsets_ptr + mid, mask=inside & active, other=0).to(tl.int64) <= p
+        lo = tl.where(active & at_or_before, mid + 1, lo)
+        hi = tl.where(active & ~at_or_before, mid, hi)
+        span = span // 2
+    bag = lo - 1
+    valid = inside & (bag >= 0) & (bag < total_bags)
+    bag = tl.where(valid, bag, 0)
+    feature = bag // B
+    meta = feature_meta_ptr + feature * _META_COLS
+    rows = tl.load(meta + _META_ROWS, mask=valid, other=1)
+    ids = tl.load(indices_ptr + p, mask=valid, other=0).to(tl.int64)
+    if CHECK:
+        ids = tl.where((ids < 0) | (ids >= rows), 0, ids)
+    row = tl.load(meta + _META_ROW_BASE, mask=valid, other=0) + ids
+    return bag, valid, feature, row
+
+
+def positions_window(offsets: torch.Tensor, num_indices: int, block: int) -> torch.Tensor:
+    """For programs of ``block`` consecutive positions (``bag_rows``): upper_bound(offsets,
+    k * block) for k = 0 .. programs (the last entry bounds the last program), int64."""
+    programs = cdiv(num_indices, block)
+    starts = torch.arange(0, (programs + 1) * block, block, device=offsets.device, dtype=offsets.dtype)
+    return torch.searchsorted(offsets, starts, right=True)
+
+
+@triton.jit
+def _merged_positions_kernel(
+    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, psw_ptr, counts_ptr, rows_out_ptr, bag_out_ptr,
+    scale_out_ptr, B, total_bags, num_indices,
+    MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+):  # fmt: skip
+    """BLOCK consecutive positions a program, in aligned windows of WINDOW: an id is kept
+    unless an earlier position of its window holds its bag and row. Per position, the kept
+    id's global row (-1 where none is kept), bag and factor (the sum over its window's ids
+    of that bag and row of per-sample weight, times 1/L for MEAN; their count for SUM); the
+    block's kept count into ``counts_ptr[block]``."""
+    block = tl.program_id(0).to(tl.int64)
+    p = block * BLOCK + tl.arange(0, BLOCK)
+    inside = p < num_indices
+    bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
+                                        B, total_bags, CHECK)  # fmt: skip
+    key_row = tl.where(valid, row, -1).to(rows_out_ptr.dtype.element_ty)
+    key_bag = tl.where(valid, bag, -1).to(bag_out_ptr.dtype.element_ty)
+    WINDOWS: tl.constexpr = BLOCK // WINDOW
+    rows2 = tl.reshape(key_row, [WINDOWS, WINDOW])
+    bags2 = tl.reshape(key_bag, [WINDOWS, WINDOW])
+    # same[w, i, j]: positions i and j of window w hold one bag and row (never an invalid
+    # position with a valid one: their bag is -1).
+    same = (rows2[:, :, None] == rows2[:, None, :]) & (bags2[:, :, None] == bags2[:, None, :])
+    lane = tl.arange(0, WINDOW)
+    earlier = lane[None, None, :] < lane[None, :, None]
+    repeat = tl.reshape(tl.max((same & earlier).to(tl.int32), axis=2), [BLOCK]) > 0
+    keep = valid & ~repeat
+    scale = tl.full([BLOCK], 1.0, tl.float32)
+    if WEIGHTED:
+        scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
+    if MEAN:
+        scale *= tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
+    scale2 = tl.reshape(scale, [WINDOWS, WINDOW])
+    factor = tl.reshape(tl.sum(tl.where(same, scale2[:, None, :], 0.0), axis=2), [BLOCK])
+    tl.store(rows_out_ptr + p, tl.where(keep, key_row, -1), mask=inside)
+    tl.store(bag_out_ptr + p, key_bag, mask=keep)
+    tl.store(scale_out_ptr + p, factor, mask=keep)
+    tl.store(counts_ptr + block, tl.sum(keep.to(tl.int64), axis=0))
+
+
+@triton.jit
+def _compact_kernel(rows_ptr, bag_ptr, scale_ptr, totals_ptr, rows_out_ptr, bag_out_ptr, scale_out_ptr, num_indices,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """The kept ids (row >= 0) of BLOCK positions a program, at their places among all kept
+    ids in the order of their positions (``totals_ptr``: the running totals of the blocks'
+    kept counts)."""
+    block = tl.program_id(0).to(tl.int64)
+    p = block * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(rows_ptr + p, mask=p < num_indices, other=-1)
+    keep = row >= 0
+    kept = keep.to(tl.int64)
+    place = tl.load(totals_ptr + block) - tl.sum(kept, axis=0) + tl.cumsum(kept, axis=0) - 1
+    tl.store(rows_out_ptr + place, row, mask=keep)
+    tl.store(bag_out_ptr + place, tl.load(bag_ptr + p, mask=keep, other=0), mask=keep)
+    tl.store(scale_out_ptr + place, tl.load(scale_ptr + p, mask=keep, other=0.0), mask=keep)
+
+
+# Elements of _merged_positions_kernel's window comparison a program (positions x window):
+# 32 a thread at 8 warps (ptxas sm_90: 90-94 registers at windows of 32 and 256 positions;
+# 64 a thread took 148-210).
+MERGE_COMPARISONS = 8192
+MERGE_WARPS = 8
+COMPACT_WARPS = 4
+
+
+def merge_block(window: int) -> int:
+    """Positions a program of the merge's kernels, for windows of ``window`` positions."""
+    return max(window, MERGE_COMPARISONS // window)
+
+
+def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype, bag_dtype,
+                     mean, bounds_check, window):  # fmt: skip
+    """The batch's kept ids after ``RunsLaunch.merge_repeats`` of ``window`` positions: their
+    global rows (``key_dtype``), bags (``bag_dtype``) and factors, compacted in the order of
+    their positions; one read of their count on the host."""
+    device, N = indices.device, indices.numel()
+    block = merge_block(window)
+    programs = cdiv(N, block)
+    window_starts = positions_window(offsets, N, block)
+    counts = torch.empty(programs, dtype=torch.int64, device=device)
+    rows = torch.empty(N, dtype=key_dtype, device=device)
+    bags = torch.empty(N, dtype=bag_dtype, device=device)
+    scale = torch.empty(N, dtype=torch.float32, device=device)
+    psw = per_sample_weights if per_sample_weights is not None else scale
+    _merged_positions_kernel[(programs,)](
+        feature_meta, indices, offsets, window_starts, psw, counts, rows, bags, scale, B, total_bags, N,
+        MEAN=mean, WEIGHTED=per_sample_weights is not None, CHECK=bounds_check, BLOCK=block, WINDOW=window,
+        num_warps=MERGE_WARPS,
+    )  # fmt: skip
+    totals = torch.cumsum(counts, 0)
+    kept = int(totals[-1])  # the host waits for the count: the sort takes its size from it
+    out = (torch.empty(kept, dtype=key_dtype, device=device), torch.empty(kept, dtype=bag_dtype, device=device),
+           torch.empty(kept, dtype=torch.float32, device=device))  # fmt: skip
+    _compact_kernel[(programs,)](rows, bags, scale, totals, *out, N, BLOCK=block, num_warps=COMPACT_WARPS)
+    return out

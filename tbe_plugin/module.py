@@ -26,7 +26,7 @@ from tbe_plugin.ops.training import (
     merge_bounds_status_op,
     training_lookup,
 )
-from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, vector_alignment
+from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, profiled, vector_alignment
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes, runs_launch
 from tbe_plugin.ops.embedding_forward import tbe_forward
@@ -484,7 +484,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         return _FusedLookup.apply(self.placeholder_autograd_tensor, per_sample_weights, self, indices, offsets)
 
     def _lookup(self, indices, offsets, per_sample_weights):
-        with torch.profiler.record_function("tbe_plugin::lookup"):  # a profiler range: phase times
+        with profiled("tbe_plugin::lookup"):  # a profiler range: phase times
             return self._forward_kernels(indices, offsets, per_sample_weights)
 
     def _forward_kernels(self, indices, offsets, per_sample_weights):
@@ -527,7 +527,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad, plan=None):
         """Applies the optimizer to the rows the batch touched (FBGEMM's fused backward);
         ``plan``: the batch's plan from its forward (``_plan_backward``)."""
-        with torch.profiler.record_function("tbe_plugin::fused_update"):
+        with profiled("tbe_plugin::fused_update"):
             psw_grad = fused_update(
                 grad_output.contiguous(), self.weights, *self._state_tensors(), self.rounding_seed,
                 self.learning_rate_tensor, self.feature_meta, indices, offsets, per_sample_weights,

@@ -197,9 +197,9 @@ class BackwardGraphs:
             entry.step.copy_(step_vector(indices, offsets, per_sample_weights, grad_output, args), non_blocking=True)
         else:
             self._fill(entry, n, grad_output, indices, offsets, per_sample_weights, args)
-        graph_args = dataclasses.replace(args, hyper=entry.hyper)
 
-        def run() -> Optional[torch.Tensor]:
+        def run() -> Optional[torch.Tensor]:  # eager or captured: a replay does not call it
+            graph_args = dataclasses.replace(args, hyper=entry.hyper)
             if fill:
                 psw = entry.per_sample_weights
                 grid = (triton.cdiv(max(bucket, entry.offsets.numel()), FILL_BLOCK),)

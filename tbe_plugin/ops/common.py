@@ -4,6 +4,7 @@ Lives in ``tbe_plugin.ops``: imports torch only. The integer values equal FBGEMM
 enums of the same names, so a mode crosses the custom-op boundary as a plain int.
 """
 
+import contextlib
 import enum
 
 import torch
@@ -76,3 +77,14 @@ def vector_alignment(dims, elem_size: int) -> int:
     while align > 1 and any(d % align for d in dims):
         align //= 2
     return align
+
+
+def profiled(name: str):
+    """A profiler range named ``name`` while a profiler records (the phase tables of
+    ``pipelines.metrics`` read them), else nothing: a range costs ~8 us of host time even
+    with no profiler (``torch.profiler.record_function``'s enter and exit ops, 2 CPU cores
+    of the CI machine), paid on every lookup and backward. Under ``torch.compile`` always the
+    range, as before (the compiler traces ranges, not the profiler's state)."""
+    if torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled():
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()

@@ -22,7 +22,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from tbe_plugin.ops.bounds import merge_status, warn_once
-from tbe_plugin.ops.common import STATUS_LEN, new_status
+from tbe_plugin.ops.common import STATUS_LEN, new_status, profiled
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.embedding_backward import BackwardPlan, backward_update, plan_backward
@@ -187,7 +187,7 @@ def plan_in_forward(
         return EarlyPlan(plan(), None)
     side = _side_stream(indices.device)
     side.wait_stream(torch.cuda.current_stream(indices.device))
-    with torch.cuda.stream(side), torch.profiler.record_function("tbe_plugin::plan_backward"):
+    with torch.cuda.stream(side), profiled("tbe_plugin::plan_backward"):
         made = plan()
         ready = torch.cuda.Event()
         ready.record(side)

@@ -447,3 +447,26 @@ def test_positions_kernel_finds_every_ids_bag(mean, weighted):
 def triton_cdiv(a, b):
     """ceil(a / b) for ints (triton.cdiv without importing Triton here)."""
     return -(-a // b)
+
+
+def test_profiler_ranges_only_while_a_profiler_records(monkeypatch):
+    """The lookup's and the update's ranges (the phase tables' names) are in a profile; with
+    no profiler running no range is opened (each costs host time on every step)."""
+    opened = []
+    original = torch.profiler.record_function
+
+    def counted(name, *args):
+        opened.append(name)
+        return original(name, *args)
+
+    monkeypatch.setattr(torch.profiler, "record_function", counted)
+    emb = build("EXACT_SGD")
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    indices, offsets = make_bags(rows, B=3, max_len=4, seed=0)
+    emb(indices, offsets).sum().backward()
+    assert opened == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        emb(indices, offsets).sum().backward()
+    assert opened == ["tbe_plugin::lookup", "tbe_plugin::fused_update"]
+    names = {event.name for event in profile.events()}
+    assert {"tbe_plugin::lookup", "tbe_plugin::fused_update"} <= names

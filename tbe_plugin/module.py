@@ -520,8 +520,11 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         )
 
     def _state_tensors(self) -> tuple:
-        """(momentum1, momentum2, step): None where the optimizer has no such state."""
-        return tuple(getattr(self, name, None) for name in ("momentum1", "momentum2", "iter"))
+        """(momentum1, momentum2, step): None where the optimizer has no such state (buffers
+        read from the module's buffer table: ``getattr`` of an absent one raises and catches
+        an AttributeError inside ``nn.Module.__getattr__``: ~4 us a step for the three, CPU)."""
+        buffers = self._buffers
+        return buffers.get("momentum1"), buffers.get("momentum2"), buffers.get("iter")
 
     @torch.no_grad()
     def _fused_backward(self, grad_output, indices, offsets, per_sample_weights, psw_requires_grad, plan=None):

@@ -94,3 +94,12 @@ def cuda_zipf_steps(optimizer, launches):
         emb(indices, offsets).backward(grad)
         modules.append(emb)
     return modules, indices
+
+
+def assert_step_close(module, reference):
+    """One module's tables and optimizer states after a step, against another's trained
+    with sums in another order (fp32 rounding apart)."""
+    torch.testing.assert_close(module.weights, reference.weights, atol=1e-5, rtol=1e-5)
+    for ours, want in zip(module.split_optimizer_states(), reference.split_optimizer_states()):
+        for a, b in zip(ours, want):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

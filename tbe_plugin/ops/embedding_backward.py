@@ -117,19 +117,26 @@ def _sorted_operands_kernel(
     perm_ptr, sorted_rows_ptr, bag_ptr, scale_ptr, feature_meta_ptr,
     sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     B, grad_stride, num_indices, sentinel, UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
-    SORTED_BAGS: tl.constexpr = False,
+    SORTED_BAGS: tl.constexpr = False, PACKED: tl.constexpr = False,
 ):  # fmt: skip
     """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
     where its row starts in the flat weights, its D, its output-gradient row (from its bag:
     bag b of a feature reads row b, unpooled id p row p) and its factor. ``perm``: each
     sorted id's position; with SORTED_BAGS (pooled, unscaled) its bag instead, sorted with
-    the rows (``radix_sort``): read in order, no gather."""
+    the rows (``radix_sort``): read in order, no gather. PACKED (``positions.merged_positions``):
+    ``bag_ptr`` holds an int64 a position, its bag in the low 32 bits and its factor's bits in
+    the high 32: one gather of 8 bytes (one sector) for both."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
     valid = row != sentinel
     if SORTED_BAGS:
         p = q  # unused: pooled and unscaled
         bag = tl.load(perm_ptr + q, mask=valid, other=0)
+    elif PACKED:
+        p = tl.load(perm_ptr + q, mask=valid, other=0)
+        packed = tl.load(bag_ptr + p, mask=valid, other=0)
+        bag = (packed & 0xFFFFFFFF).to(tl.int32)
+        factor = (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     else:
         p = tl.load(perm_ptr + q, mask=valid, other=0)
         bag = tl.load(bag_ptr + p, mask=valid, other=0)  # int32 below 2**31 bags: 32-bit division
@@ -146,7 +153,9 @@ def _sorted_operands_kernel(
         b = (bag - feature * B).to(tl.int64)
         grad_offset = b * grad_stride + tl.load(meta + _META_OUT_OFFSET, mask=valid, other=0)
     tl.store(sorted_grad_offset_ptr + q, grad_offset, mask=valid)
-    if SCALED:
+    if PACKED:
+        tl.store(sorted_scale_ptr + q, factor, mask=valid)
+    elif SCALED:
         tl.store(sorted_scale_ptr + q, tl.load(scale_ptr + p, mask=valid, other=0.0), mask=valid)
 
 
@@ -248,12 +257,13 @@ def plan_backward(
     bag_dtype = torch.int32 if total_bags < 2**31 else torch.int64
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
     hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
-    if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, device):
+    if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
-        rows, bags, scale = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags,
-                                             key_dtype, bag_dtype, mean, bounds_check, launch.merge_repeats)  # fmt: skip
-        N, scaled = rows.numel(), True
+        rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
+                                      mean, bounds_check, launch.merge_repeats)  # fmt: skip
+        N, scaled, scale, packed = rows.numel(), True, bags, True  # the bags' int64 hold their factors
     else:
+        packed = False
         rows = torch.empty(N, dtype=key_dtype, device=device)  # every position written (the sentinel outside bags)
         bags = torch.empty(N, dtype=bag_dtype, device=device)
         scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
@@ -283,11 +293,11 @@ def plan_backward(
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
     sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
-    sorted_scale = torch.empty_like(scale)
+    sorted_scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
     _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         B, grad_shape[1], N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
-        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, num_warps=SORTED_OPERANDS_WARPS,
+        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, PACKED=packed, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
     # Where each class's sorted ids begin (one search per class: the ids are sorted).
@@ -394,11 +404,14 @@ def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, graphed: bool
 
 
 def _merge_applies(launch: RunsLaunch, pooling: int, psw_requires_grad: bool, graphed: bool, radix: bool, hot: int,
-                   device: torch.device) -> bool:  # fmt: skip
+                   total_bags: int, device: torch.device) -> bool:  # fmt: skip
     """Whether ``RunsLaunch.merge_repeats`` applies: pooled (SUM or MEAN) ids whose per-sample
     weights need no gradient (it reads each id's own row and bag), an eager batch on a stream
-    the host may wait for (not a captured graph's), ``torch.sort``, no hot rows."""
+    the host may wait for (not a captured graph's), ``torch.sort``, no hot rows, fewer than
+    2**31 bags."""
     if not launch.merge_repeats or pooling == Pooling.NONE or psw_requires_grad or graphed or radix or hot:
+        return False
+    if total_bags >= 2**31:  # a bag and a factor packed in 64 bits
         return False
     return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 

@@ -128,20 +128,22 @@ def _merged_positions_kernel(
 
 
 @triton.jit
-def _compact_kernel(rows_ptr, bag_ptr, scale_ptr, totals_ptr, rows_out_ptr, bag_out_ptr, scale_out_ptr, num_indices,
+def _compact_kernel(rows_ptr, bag_ptr, scale_ptr, totals_ptr, rows_out_ptr, packed_out_ptr, num_indices,
                     BLOCK: tl.constexpr):  # fmt: skip
     """The kept ids (row >= 0) of BLOCK positions a program, at their places among all kept
     ids in the order of their positions (``totals_ptr``: the running totals of the blocks'
-    kept counts)."""
+    kept counts): the row, and the bag (low 32 bits) packed with the factor's bits (high 32)
+    in one int64, which the sorted operands gather in one 8-byte load."""
     block = tl.program_id(0).to(tl.int64)
     p = block * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + p, mask=p < num_indices, other=-1)
     keep = row >= 0
     kept = keep.to(tl.int64)
     place = tl.load(totals_ptr + block) - tl.sum(kept, axis=0) + tl.cumsum(kept, axis=0) - 1
+    bag = tl.load(bag_ptr + p, mask=keep, other=0).to(tl.int64)
+    bits = tl.load(scale_ptr + p, mask=keep, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
     tl.store(rows_out_ptr + place, row, mask=keep)
-    tl.store(bag_out_ptr + place, tl.load(bag_ptr + p, mask=keep, other=0), mask=keep)
-    tl.store(scale_out_ptr + place, tl.load(scale_ptr + p, mask=keep, other=0.0), mask=keep)
+    tl.store(packed_out_ptr + place, (bits << 32) | (bag & 0xFFFFFFFF), mask=keep)
 
 
 # Elements of _merged_positions_kernel's window comparison a program (positions x window):
@@ -157,18 +159,19 @@ def merge_block(window: int) -> int:
     return max(window, MERGE_COMPARISONS // window)
 
 
-def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype, bag_dtype,
-                     mean, bounds_check, window):  # fmt: skip
-    """The batch's kept ids after ``RunsLaunch.merge_repeats`` of ``window`` positions: their
-    global rows (``key_dtype``), bags (``bag_dtype``) and factors, compacted in the order of
-    their positions; one read of their count on the host."""
+def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype, mean,
+                     bounds_check, window):  # fmt: skip
+    """The batch's kept ids after ``RunsLaunch.merge_repeats`` of ``window`` positions (fewer
+    than 2**31 bags), compacted in the order of their positions: their global rows
+    (``key_dtype``) and, packed in an int64 each, their bags (low 32 bits) and factors' fp32
+    bits (high 32); one read of their count on the host."""
     device, N = indices.device, indices.numel()
     block = merge_block(window)
     programs = cdiv(N, block)
     window_starts = positions_window(offsets, N, block)
     counts = torch.empty(programs, dtype=torch.int64, device=device)
     rows = torch.empty(N, dtype=key_dtype, device=device)
-    bags = torch.empty(N, dtype=bag_dtype, device=device)
+    bags = torch.empty(N, dtype=torch.int32, device=device)
     scale = torch.empty(N, dtype=torch.float32, device=device)
     psw = per_sample_weights if per_sample_weights is not None else scale
     _merged_positions_kernel[(programs,)](
@@ -178,7 +181,12 @@ def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, tota
     )  # fmt: skip
     totals = torch.cumsum(counts, 0)
     kept = int(totals[-1])  # the host waits for the count: the sort takes its size from it
-    out = (torch.empty(kept, dtype=key_dtype, device=device), torch.empty(kept, dtype=bag_dtype, device=device),
-           torch.empty(kept, dtype=torch.float32, device=device))  # fmt: skip
+    out = (torch.empty(kept, dtype=key_dtype, device=device), torch.empty(kept, dtype=torch.int64, device=device))
     _compact_kernel[(programs,)](rows, bags, scale, totals, *out, N, BLOCK=block, num_warps=COMPACT_WARPS)
     return out
+
+
+def unpack_bags(packed: torch.Tensor):
+    """``merged_positions``' packed int64s as (bags int32, factors fp32)."""
+    halves = packed.view(torch.int32).view(-1, 2)  # little-endian: the bag first
+    return halves[:, 0], halves[:, 1].contiguous().view(torch.float32)

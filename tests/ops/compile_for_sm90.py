@@ -55,6 +55,10 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys
         elif fn.__name__ in ("_graph_fill_kernel", "_choose_hot_kernel") and name in ("indices_ptr", "offsets_ptr"):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
+        elif fn.__name__ == "_sorted_operands_kernel" and name == "bag_ptr" and constexprs.get("PACKED"):
+            sig[name] = "*i64"  # RunsLaunch.merge_repeats: a bag and its factor's bits a word
+        elif fn.__name__ == "_merged_positions_kernel" and name == "counts_ptr":
+            sig[name] = "*i64"
         elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
             sig[name] = "*i32"  # the bags, sorted beside the rows (RunsLaunch.radix_sort)
         elif name in ("values_in_ptr", "values_out_ptr"):
@@ -261,8 +265,9 @@ def variants():
             HOT=16, ROWS=hot.HOT_UPDATE_ROWS, BLOCK_D=128, OPTIMIZER=optimizer, WEIGHT_DECAY_MODE=0,
             STOCHASTIC_ROUNDING=weights != "*fp32", ALIGN=4,
         ), 4, weights, "*i32"  # fmt: skip
-    for scaled, sorted_bags in ((True, False), (False, True)):
-        operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags)
+    for scaled, sorted_bags, packed in ((True, False, False), (False, True, False), (True, False, True)):
+        operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags,
+                        PACKED=packed)  # fmt: skip
         yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"
     for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys

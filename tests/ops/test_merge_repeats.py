@@ -17,7 +17,7 @@ from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import plan_backward
 from tbe_plugin.ops.indexing import META_ROW_BASE
-from tbe_plugin.ops.positions import merged_positions
+from tbe_plugin.ops.positions import merged_positions, unpack_bags
 from tests.helpers import assert_bitwise_equal, make_bags
 from tests.ops.backward_helpers import OPTIMIZERS, assert_step_close, build, cuda_zipf_steps, train_and_compare
 
@@ -74,10 +74,9 @@ def test_kept_ids_and_factors_follow_the_rule(window, pooling, weighted):
     indices, offsets = make_bags(rows, B=6, max_len=14, seed=3, hot_fraction=0.5)
     psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(1)) if weighted else None
     B = (offsets.numel() - 1) // len(rows)
-    got_rows, got_bags, got_scale = merged_positions(
-        emb.feature_meta, indices, offsets, psw, B, len(rows) * B, torch.int32, torch.int32, pooling == "MEAN",
-        True, window,
-    )  # fmt: skip
+    got_rows, packed = merged_positions(emb.feature_meta, indices, offsets, psw, B, len(rows) * B, torch.int32,
+                                        pooling == "MEAN", True, window)  # fmt: skip
+    got_bags, got_scale = unpack_bags(packed)
     want_rows, want_bags, want_scale = _expected(emb, indices, offsets, psw, window, pooling == "MEAN")
     assert got_rows.tolist() == want_rows.tolist() and got_bags.tolist() == want_bags.tolist()
     if pooling == "SUM" and not weighted:
@@ -95,8 +94,9 @@ def test_ids_outside_bags_and_out_of_range_ids():
     lengths = torch.tensor([3, 1, 0, 2, 4, 0, 1, 1])
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     indices = torch.tensor([0, 99, 0, 5, 1, 1, 0, -3, 0, 7, 2, 2, 2, 2, 2])  # 3 past the last bag
-    rows, bags, scale = merged_positions(emb.feature_meta, indices, offsets, None, B, num_features * B,
-                                         torch.int32, torch.int32, False, True, 4)  # fmt: skip
+    rows, packed = merged_positions(emb.feature_meta, indices, offsets, None, B, num_features * B, torch.int32,
+                                    False, True, 4)  # fmt: skip
+    bags, scale = unpack_bags(packed)
     want_rows, want_bags, want_scale = _expected(emb, indices.clamp(min=0) * (indices < 23), offsets, None, 4, False)
     assert rows.tolist() == want_rows.tolist() and bags.tolist() == want_bags.tolist()
     assert scale.tolist() == want_scale.tolist()

@@ -64,7 +64,8 @@ CANDIDATES = {
     "plan_in_backward": _launch(plan_in_forward=False),
     # Repeats of a row in one bag (adjacent in the sorted ids) read their gradient row once.
     "repeats": _launch(piece_repeats=True),
-    # Repeats of a row in one bag merged before the sort (windows of 32 or 64 positions).
+    # Repeats of a row in one bag merged before the sort (windows of 16, 32 or 64 positions).
+    "merge16": _launch(merge_repeats=16),
     "merge32": _launch(merge_repeats=32),
     "merge64": _launch(merge_repeats=64),
     # The default's kernels, batches of up to 2**20 ids as captured CUDA graphs (ops.backward_graphs).

@@ -154,9 +154,12 @@ MERGE_WARPS = 8
 COMPACT_WARPS = 4
 
 
+MERGE_MAX_BLOCK = 1024  # 4 positions a thread at 8 warps, as the positions kernel
+
+
 def merge_block(window: int) -> int:
     """Positions a program of the merge's kernels, for windows of ``window`` positions."""
-    return max(window, MERGE_COMPARISONS // window)
+    return max(window, min(MERGE_MAX_BLOCK, MERGE_COMPARISONS // window))
 
 
 def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype, mean,

@@ -239,8 +239,8 @@ def variants():
         yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                                HOT=0, LOG_HOT=0), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
-    # RunsLaunch.merge_repeats: windows of 16, 32 and 64, SUM and MEAN weighted; the compaction.
-    for window in (16, 32, 64):
+    # RunsLaunch.merge_repeats: windows of 8 to 64, SUM and MEAN weighted; the compaction.
+    for window in (8, 16, 32, 64):
         for scaled in (False, True):
             yield positions._merged_positions_kernel, dict(MEAN=scaled, WEIGHTED=scaled, CHECK=True,
                                                            BLOCK=positions.merge_block(window), WINDOW=window), \

@@ -101,6 +101,10 @@ def test_ours_matches_fbgemm_after_one_step(smoke_run):
         assert (fbgemm["status"] == "ok") == fbgemm_runs, (key, fbgemm.get("reason"))
         assert entry["reference"] == ("fbgemm" if fbgemm_runs else "torch-fp32"), key
         assert set(entry["ratios"]) == (set(MODES) if fbgemm_runs else set()), key
+        assert set(entry["round_ratios"]) == set(entry["ratios"]), key
+        for mode, spread in entry["round_ratios"].items():
+            assert spread["p10"] <= spread["median"] <= spread["p90"] and 0.0 <= spread["below_1"] <= 1.0, key
+            assert spread["rounds"] == ours["modes"][mode]["n"], key
         assert ours["matches"], (key, ours["weights_max_abs_diff"], ours["states_max_abs_diff"])
         if entry["config"]["weights_precision"] == "fp32":
             assert ours["weights_max_abs_diff"] < 1e-6, key
@@ -198,3 +202,16 @@ def test_backward_host_and_wall_ms_time_each_call_after_its_own_forward():
 
     host, wall = backward_host_and_wall_ms(forward, torch.ones(3), 3, torch.device("cpu"))
     assert len(forwards) == 6 and host >= 4.5 and wall >= 4.5
+
+
+def test_paired_ratios_read_the_rounds_in_pairs():
+    """Round r's reference call over round r's own call: ratios 2, 0.5, 1, 4 (not the ratio
+    of medians, 1.6); a mismatch of rounds raises."""
+    from tbe_plugin.benchmarks.common import paired_ratios
+
+    spread = paired_ratios([2.0, 1.0, 3.0, 8.0], [1.0, 2.0, 3.0, 2.0])
+    assert spread["median"] == pytest.approx(1.5) and spread["rounds"] == 4
+    assert spread["below_1"] == pytest.approx(0.25)
+    assert spread["p10"] == pytest.approx(0.65) and spread["p90"] == pytest.approx(3.4)
+    with pytest.raises(ValueError, match="rounds"):
+        paired_ratios([1.0], [1.0, 2.0])

@@ -26,7 +26,7 @@ from tbe_plugin.benchmarks.common import (
     benchmark_device, collect_environment, config_record, copy_tables_, fbgemm_api, fill_defaults,
     fill_tables_uniform_, forward_bytes, free_device_memory, generate_batches, geomeans, markdown_table,
     max_abs_diff, measure_copy_bandwidth, outputs_match, per_table_inputs, plan_in_backward, production_names,
-    report_header, silence_fbgemm_logging, skew_cells, summarize_ms, time_alternating, write_report,
+    paired_ratios, report_header, silence_fbgemm_logging, skew_cells, summarize_ms, time_alternating, write_report,
 )
 from tbe_plugin.benchmarks.forward import FBGEMM, OURS, tbe_module_kwargs
 from tbe_plugin.benchmarks.suite import (
@@ -257,15 +257,16 @@ def run_entry(cfg, optimizer, batches, grad, args, device, copy_tbps) -> dict:
             tbps = moved[mode] / (stats["median_ms"] * 1e-3) / 1e12
             modes[mode] = {**stats, "tbps": tbps, "pct_copy_bw": 100.0 * tbps / copy_tbps}
         results[name] = {"status": "ok", "modes": modes, **checks.get(name, {"reference": True})}
-    ratios = {}
+    ratios, rounds = {}, {}
     if all(results[n]["status"] == "ok" for n in PROVIDERS):
         ratios = {mode: results[FBGEMM]["modes"][mode]["median_ms"] / results[OURS]["modes"][mode]["median_ms"]
                   for mode in MODES}
+        rounds = {mode: paired_ratios(samples[mode][FBGEMM], samples[mode][OURS]) for mode in MODES}
     return {"name": cfg.name, "optimizer": optimizer, "config": config_record(cfg), "shape": cfg.describe(),
             "production": is_production(cfg), "skew": skew,
             "bytes": {"fwd": forward, "bwd": backward, "fwd+bwd": moved["fwd+bwd"],
                       "fbgemm_formula_bytes": fbgemm_formula},
-            "reference": reference, "providers": results, "ratios": ratios}
+            "reference": reference, "providers": results, "ratios": ratios, "round_ratios": rounds}
 
 
 def plan(args) -> list[tuple[BenchConfig, list[str]]]:
@@ -291,7 +292,9 @@ def render_markdown(report: dict) -> str:
         "stochastic_rounding=False on both, weights U(-1, 1); each timed backward is a training step",
         f"- fwd bytes: {FORWARD_BYTES_FORMULA}",
         f"- bwd bytes: {BACKWARD_BYTES_FORMULA}",
-        f"- ratio = median ms of {FBGEMM} / median ms of {OURS}: > 1 means ours is faster.",
+        f"- ratio = median ms of {FBGEMM} / median ms of {OURS}: > 1 means ours is faster. Rounds: the "
+        "same ratio round by round (each round calls both, next to each other), its p10-p90 and the "
+        "share of rounds below 1.0.",
         f"- check: one step on both from identical weights; max |diff| of the updated weights and "
         f"optimizer states, ours vs `{FBGEMM}` (or, where FBGEMM is n/a, `{TORCH_REFERENCE}`: torch "
         "embedding_bag autograd in fp32 + tbe_plugin.ops.reference.optimizer_step_reference). "
@@ -315,12 +318,15 @@ def render_markdown(report: dict) -> str:
             row += [f"{res[n]['modes'][mode]['tbps']:.3g} ({res[n]['modes'][mode]['pct_copy_bw']:.3g}%)"
                     if ok[n] else "n/a" for n in PROVIDERS]
             row.append(f"{e['ratios'][mode]:.3f}" if mode in e["ratios"] else "n/a")
+            spread = e.get("round_ratios", {}).get(mode)
+            row.append(f"{spread['p10']:.3f}-{spread['p90']:.3f} ({100 * spread['below_1']:.0f}%)" if spread else "n/a")
             rows.append(row)
         for label, by_mode in means:
             mean = by_mode.get(mode)
-            rows.append([label, *[""] * (3 + 2 * len(PROVIDERS)), f"{mean:.3f}" if mean else "n/a"])
+            rows.append([label, *[""] * (3 + 2 * len(PROVIDERS)), f"{mean:.3f}" if mean else "n/a", ""])
         columns = ["config", "optimizer", "distinct", "hot1%", *(f"{n} ms" for n in PROVIDERS),
-                   *(f"{n} TB/s (% copy)" for n in PROVIDERS), f"{FBGEMM}/{OURS}"]
+                   *(f"{n} TB/s (% copy)" for n in PROVIDERS), f"{FBGEMM}/{OURS}",
+                   "rounds p10-p90 (share < 1)"]
         parts += [f"## {mode}", "", markdown_table(columns, rows), ""]
     rows = []
     for e in entries:

@@ -387,6 +387,18 @@ def summarize_ms(samples_ms: list[float]) -> dict:
     }
 
 
+def paired_ratios(reference_ms: list[float], ours_ms: list[float]) -> dict:
+    """Round by round (``time_alternating``'s rounds call both providers once, next to each
+    other), the reference's ms over ours: their p10, median and p90 and the share of rounds
+    below 1.0, so that a median ratio near 1.0 reads against the spread of the rounds."""
+    if len(reference_ms) != len(ours_ms) or not ours_ms:
+        raise ValueError(f"paired_ratios: {len(reference_ms)} and {len(ours_ms)} rounds; need the same, at least one")
+    ratios = np.asarray(reference_ms, dtype=np.float64) / np.asarray(ours_ms, dtype=np.float64)
+    return {"p10": float(np.percentile(ratios, 10)), "median": float(np.median(ratios)),
+            "p90": float(np.percentile(ratios, 90)), "below_1": float((ratios < 1.0).mean()),
+            "rounds": int(ratios.size)}  # fmt: skip
+
+
 def time_alternating(
     calls: dict[str, Callable[[int], object]], iters: int, warmup: int, device: torch.device,
     prepare: dict[str, Callable[[int], object]] | None = None, min_ms: float = 0.0, max_iters: int = 30,

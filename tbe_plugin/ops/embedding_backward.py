@@ -78,8 +78,9 @@ def _positions_kernel(
 ):  # fmt: skip
     """Per id, BLOCK consecutive positions a program (every load and store contiguous,
     whatever the bags' lengths): its bag and global row (``positions.bag_rows``: the row is
-    the sort key; with CHECK an id outside its table reads as row 0, the forward's repair), the bag (feature * B + b: what the output-gradient row and the table follow
-    from), and the factor on that row (per-sample weight, 1/L for MEAN). A position in no
+    the sort key; with CHECK an id outside its table reads as row 0, the forward's repair),
+    the bag (feature * B + b: what the output-gradient row and the table follow from), and
+    the factor on that row (per-sample weight, 1/L for MEAN). A position in no
     bag (before the first offset or at or after the last) gets the sentinel row. HOT
     (``RunsLaunch.hot_rows``; 0: off): an id whose row is one of its feature's HOT hot rows
     (``hot_ptr[feature]``, its table's, ascending, 2**LOG_HOT of them) adds 1.0 to its (feature, slot,

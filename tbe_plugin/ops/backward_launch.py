@@ -275,6 +275,10 @@ class RunsLaunch:
     per-sample weights need no gradient, eager batches (not a captured graph's), with
     ``torch.sort`` (not ``radix_sort``) and without ``hot_rows``; otherwise the backward
     runs without it. Not yet timed on a GPU."""
+    merge_min_ids: int = 1 << 20
+    """``merge_repeats``: the fewest ids in a batch whose repeats are merged (a smaller batch's
+    backward is host-bound: the host read of the kept count would cost more than the merge
+    saves; below ``graph_max_ids`` batches take a captured graph, where it does not apply)."""
     graph_max_ids: int = 1 << 20
     """Batches of at most this many ids run their backward as a captured CUDA graph
     (``backward_graphs``: padded to a bucket, one graph launch instead of ~20 kernel
@@ -389,6 +393,8 @@ class RunsLaunch:
             raise ValueError(f"RunsLaunch.merge_repeats must be 0 or a power of two from 2 to 64, got {window}")
         if self.hot_sample < 1:
             raise ValueError(f"RunsLaunch.hot_sample must be >= 1, got {self.hot_sample}")
+        if self.merge_min_ids < 0:
+            raise ValueError(f"RunsLaunch.merge_min_ids must be >= 0, got {self.merge_min_ids}")
         if self.hot_min_ids < 0:
             raise ValueError(f"RunsLaunch.hot_min_ids must be >= 0, got {self.hot_min_ids}")
         if self.piece_programs_per_sm < 0:

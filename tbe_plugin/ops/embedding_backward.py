@@ -258,7 +258,7 @@ def plan_backward(
     bag_dtype = torch.int32 if total_bags < 2**31 else torch.int64
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
     hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
-    if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, device):
+    if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
         rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
                                       mean, bounds_check, launch.merge_repeats)  # fmt: skip
@@ -405,12 +405,14 @@ def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, graphed: bool
 
 
 def _merge_applies(launch: RunsLaunch, pooling: int, psw_requires_grad: bool, graphed: bool, radix: bool, hot: int,
-                   total_bags: int, device: torch.device) -> bool:  # fmt: skip
+                   total_bags: int, num_ids: int, device: torch.device) -> bool:  # fmt: skip
     """Whether ``RunsLaunch.merge_repeats`` applies: pooled (SUM or MEAN) ids whose per-sample
-    weights need no gradient (it reads each id's own row and bag), an eager batch on a stream
-    the host may wait for (not a captured graph's), ``torch.sort``, no hot rows, fewer than
-    2**31 bags."""
+    weights need no gradient (it reads each id's own row and bag), an eager batch of
+    ``merge_min_ids`` ids or more on a stream the host may wait for (not a captured graph's),
+    ``torch.sort``, no hot rows, fewer than 2**31 bags."""
     if not launch.merge_repeats or pooling == Pooling.NONE or psw_requires_grad or graphed or radix or hot:
+        return False
+    if num_ids < launch.merge_min_ids:
         return False
     if total_bags >= 2**31:  # a bag and a factor packed in 64 bits
         return False

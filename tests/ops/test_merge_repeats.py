@@ -39,7 +39,7 @@ def merges(monkeypatch):
 
 
 def _merged(window, **fields):
-    return dataclasses.replace(EAGER, merge_repeats=window, **fields)
+    return dataclasses.replace(EAGER, merge_repeats=window, merge_min_ids=0, **fields)
 
 
 def _expected(emb, indices, offsets, psw, window, mean):
@@ -173,6 +173,8 @@ def test_the_plan_holds_the_kept_ids_only_where_the_merge_applies():
     for kwargs in (dict(psw=psw, psw_requires_grad=True), dict(graphed=True)):
         plan = _plan(emb, indices, offsets, _merged(8), **kwargs)
         assert plan.sorted_operands[0].numel() == N, kwargs
+    small = _plan(emb, indices, offsets, dataclasses.replace(_merged(8), merge_min_ids=N + 1))
+    assert small.sorted_operands[0].numel() == N  # a batch below merge_min_ids
     unpooled = build("EXACT_ROWWISE_ADAGRAD", pooling="NONE", specs=[(23, 8), (9, 8), (30, 8)])
     plan = _plan(unpooled, indices, offsets, _merged(8), pooling=Pooling.NONE)
     assert plan.sorted_operands[0].numel() == N and not plan.scaled
@@ -202,6 +204,8 @@ def test_where_it_does_not_apply_the_backward_is_unchanged(merges, pooling, weig
 def test_bad_window_names_the_option(window):
     with pytest.raises(ValueError, match="merge_repeats"):
         RunsLaunch(merge_repeats=window)
+    with pytest.raises(ValueError, match="merge_min_ids"):
+        RunsLaunch(merge_min_ids=-window)
 
 
 @pytest.mark.gpu
@@ -211,7 +215,7 @@ def test_merged_repeats_on_cuda(merges, optimizer):
     repeat within bags): with windows of 32 and 64 the step matches the default backward up
     to fp32 rounding, two runs agree bit for bit, and each merged step kept fewer ids."""
     plain = RunsLaunch(graph_max_ids=0)
-    w32, w64 = (RunsLaunch(graph_max_ids=0, merge_repeats=w) for w in (32, 64))
+    w32, w64 = (RunsLaunch(graph_max_ids=0, merge_repeats=w, merge_min_ids=0) for w in (32, 64))
     modules, indices = cuda_zipf_steps(optimizer, (plain, w32, w32, w64))
     assert_bitwise_equal(modules[1], modules[2])
     for merged in (modules[1], modules[3]):

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The candidate RunsLaunch.merge_repeats (a bag's repeats of a row merged before the sort), in
 # two device calls of under 10 minutes: PARTS="tests profile" (~6 min: its GPU tests and the
-# plan-in-forward ones; the backward's kernel profile with windows of 16, 32 and 64 on ctr-dlrm,
-# long-bags, ctr-mix and user-id, FBGEMM's beside), then PARTS="e2e suite" (~5 min: the end to
-# end under SparseDist and staleness 1 and the kernel suite, both with $CANDIDATE, merge32 by
-# default). Results under $OUT: device.txt, gpu_tests.log, profile_backward.json,
-# e2e_$CANDIDATE/e2e.{json,md}, suite_$CANDIDATE/backward.{json,md}.
+# plan-in-forward ones; the backward's kernel profile with windows of 32 and 64, compacted and
+# in place, on ctr-dlrm, long-bags, ctr-mix and user-id, FBGEMM's beside), then PARTS="e2e suite"
+# (~5 min: the end to end under SparseDist and staleness 1 and the kernel suite, both with
+# $CANDIDATE, merge32 by default; E2E_CANDIDATES="a b": the end to end with each). Results
+# under $OUT: device.txt, gpu_tests.log, profile_backward.json, e2e_<candidate>/e2e.{json,md},
+# suite_$CANDIDATE/backward.{json,md}.
 #   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> PARTS="tests profile" bash scripts/device_merge.sh
 source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
 PARTS=${PARTS:-tests profile e2e suite}
 CANDIDATE=${CANDIDATE:-merge32}
+CANDIDATES=${CANDIDATES:-default,merge32,merge64,merge32_in_place,merge64_in_place}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"
@@ -18,15 +20,17 @@ if part tests; then
 fi
 if part profile; then
   echo "=== profile $(date +%T)"
-  timeout ${PROFILE_TIMEOUT:-260} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
-    --configs ${CONFIGS:-ctr-dlrm,long-bags,ctr-mix,user-id} --candidates default,merge16,merge32,merge64 2>&1 \
+  timeout ${PROFILE_TIMEOUT:-330} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
+    --configs ${CONFIGS:-ctr-dlrm,long-bags,ctr-mix,user-id} --candidates "$CANDIDATES" 2>&1 \
     | grep -v "no entry for\|compatibility\|WARNING" | tail -12
 fi
 filter() { grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT"; }
 if part e2e; then
-  echo "=== e2e with $CANDIDATE $(date +%T)"
-  timeout ${E2E_TIMEOUT:-100} python3 -m pipelines.bench.e2e --out "$OUT/e2e_$CANDIDATE" --pipelines sparsedist,stale1 \
-    --backward-launch "$CANDIDATE" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense" | tail -10
+  for c in ${E2E_CANDIDATES:-$CANDIDATE}; do  # a list: the end to end with each, in turn
+    echo "=== e2e with $c $(date +%T)"
+    timeout ${E2E_TIMEOUT:-100} python3 -m pipelines.bench.e2e --out "$OUT/e2e_$c" --pipelines sparsedist,stale1 \
+      --backward-launch "$c" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense" | tail -10
+  done
 fi
 if part suite; then
   echo "=== suite with $CANDIDATE $(date +%T)"

@@ -68,6 +68,9 @@ CANDIDATES = {
     "merge16": _launch(merge_repeats=16),
     "merge32": _launch(merge_repeats=32),
     "merge64": _launch(merge_repeats=64),
+    # ... in place (merge_compact=False): the dropped ids sorted last, no host read of a count.
+    "merge32_in_place": _launch(merge_repeats=32, merge_compact=False),
+    "merge64_in_place": _launch(merge_repeats=64, merge_compact=False),
     # The default's kernels, batches of up to 2**20 ids as captured CUDA graphs (ops.backward_graphs).
     "graphs": _launch(graph_max_ids=1 << 20),
     # Per-piece records written by the marks kernel: one round of dependent loads less a round.

@@ -270,11 +270,17 @@ class RunsLaunch:
     whose factor sums theirs (``positions.merged_positions``): the sort, the sorted
     operands, the marks and the pieces see fewer ids (ctr-dlrm keeps 76.5% at 32, 72.8% at
     64). The sums change order and rounding (``k`` repeats add ``k`` times the gradient row
-    once, not the row ``k`` times), bitwise repeatable. Costs a counting pass and one host
-    read of the kept count a batch (the sort's size). Pooled outputs (SUM, MEAN) whose
+    once, not the row ``k`` times), bitwise repeatable. Pooled outputs (SUM, MEAN) whose
     per-sample weights need no gradient, eager batches (not a captured graph's), with
     ``torch.sort`` (not ``radix_sort``) and without ``hot_rows``; otherwise the backward
     runs without it. Not yet timed on a GPU."""
+    merge_compact: bool = True
+    """``merge_repeats``: True, the kept ids compacted before the sort (it sorts only them:
+    ctr-dlrm's 15.4M ids -> 11.7M at 32) after one host read of their count a batch, which
+    waits for the device (in the forward's plan, for the lookup before it), and not under a
+    CUDA graph capture; False, in place: a dropped id keeps its position with the sentinel
+    row (the sort sorts every position and puts those last), no host read, no compaction.
+    The same plan past the sort either way (tested bitwise)."""
     merge_min_ids: int = 1 << 20
     """``merge_repeats``: the fewest ids in a batch whose repeats are merged (a smaller batch's
     backward is host-bound: the host read of the kept count would cost more than the merge

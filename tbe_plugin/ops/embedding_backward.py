@@ -8,7 +8,8 @@ No dense gradient is ever materialized. The backward of one batch:
    MEAN). Ids outside every bag get a sentinel row.
    With ``RunsLaunch.merge_repeats`` (a candidate, off), ``positions.merged_positions``
    instead: a bag's repeats of a row within a window of positions become one id whose
-   factor sums theirs, the kept ids compacted (their count read on the host).
+   factor sums theirs, the kept ids compacted (their count read on the host) or, in place,
+   the dropped ones given the sentinel row (``RunsLaunch.merge_compact``).
 2. ``torch.sort`` (stable) of the global rows, as int32 when all tables together have
    fewer than 2**31 rows (a radix sort of half the passes): equal rows form contiguous
    runs; the stable order makes every sum below deterministic. ``_sorted_operands_kernel``
@@ -261,7 +262,8 @@ def plan_backward(
     if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
         rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
-                                      mean, bounds_check, launch.merge_repeats)  # fmt: skip
+                                      mean, bounds_check, launch.merge_repeats, compact=launch.merge_compact,
+                                      sentinel=sentinel)  # fmt: skip
         N, scaled, scale, packed = rows.numel(), True, bags, True  # the bags' int64 hold their factors
     else:
         packed = False
@@ -408,14 +410,16 @@ def _merge_applies(launch: RunsLaunch, pooling: int, psw_requires_grad: bool, gr
                    total_bags: int, num_ids: int, device: torch.device) -> bool:  # fmt: skip
     """Whether ``RunsLaunch.merge_repeats`` applies: pooled (SUM or MEAN) ids whose per-sample
     weights need no gradient (it reads each id's own row and bag), an eager batch of
-    ``merge_min_ids`` ids or more on a stream the host may wait for (not a captured graph's),
-    ``torch.sort``, no hot rows, fewer than 2**31 bags."""
+    ``merge_min_ids`` ids or more (not a captured graph's), ``torch.sort``, no hot rows,
+    fewer than 2**31 bags; compacted (``merge_compact``), on a stream the host may wait for."""
     if not launch.merge_repeats or pooling == Pooling.NONE or psw_requires_grad or graphed or radix or hot:
         return False
     if num_ids < launch.merge_min_ids:
         return False
     if total_bags >= 2**31:  # a bag and a factor packed in 64 bits
         return False
+    if not launch.merge_compact:
+        return True
     return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
 

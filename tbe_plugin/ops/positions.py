@@ -13,9 +13,13 @@ repeats further apart stay separate ids: every window's result depends on its po
 alone, and the sums are bitwise repeatable. ctr-dlrm's batches (``workloads``, seed 0) keep
 76.5% of their ids at windows of 32 positions, 72.8% at 64, 69.0% with whole bags.
 
-The kept ids are written compacted, in the order of their positions: a counting pass, a
-running total, a writing pass. The sort needs their number on the host: one device-to-host
-read of the total, so the merge is off where the host may not wait (a captured graph).
+Two forms (``RunsLaunch.merge_compact``). Compacted: the kept ids written in the order of
+their positions (a counting pass, a running total, a writing pass), so that the sort sees
+them alone; it needs their number on the host, one device-to-host read of the total, so
+this form is off where the host may not wait (a captured graph). In place: a dropped id
+keeps its position with the sentinel row, which the sort puts after every kept id; the sort
+sees every position, and nothing waits for the device. The kept ids come out of the stable
+sort in the same order either way: the same plan past the sort, bitwise.
 
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
@@ -89,21 +93,25 @@ def positions_window(offsets: torch.Tensor, num_indices: int, block: int) -> tor
 @triton.jit
 def _merged_positions_kernel(
     feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, psw_ptr, counts_ptr, rows_out_ptr, bag_out_ptr,
-    scale_out_ptr, B, total_bags, num_indices,
+    scale_out_ptr, B, total_bags, num_indices, sentinel, packed_out_ptr,
     MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+    COMPACT: tl.constexpr = True,
 ):  # fmt: skip
     """BLOCK consecutive positions a program, in aligned windows of WINDOW: an id is kept
     unless an earlier position of its window holds its bag and row. Per position, the kept
-    id's global row (-1 where none is kept), bag and factor (the sum over its window's ids
-    of that bag and row of per-sample weight, times 1/L for MEAN; their count for SUM); the
-    block's kept count into ``counts_ptr[block]``."""
+    id's global row, bag and factor (the sum over its window's ids of that bag and row of
+    per-sample weight, times 1/L for MEAN; their count for SUM). COMPACT: the row (-1 where
+    none is kept), bag and factor apart, and the block's kept count into
+    ``counts_ptr[block]`` (``_compact_kernel`` then gathers the kept ones); otherwise the
+    row (``sentinel`` where none is kept: the sort puts it last) and, packed in one int64 at
+    ``packed_out_ptr``, the bag (low 32 bits) and the factor's bits (high 32)."""
     block = tl.program_id(0).to(tl.int64)
     p = block * BLOCK + tl.arange(0, BLOCK)
     inside = p < num_indices
     bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
                                         B, total_bags, CHECK)  # fmt: skip
     key_row = tl.where(valid, row, -1).to(rows_out_ptr.dtype.element_ty)
-    key_bag = tl.where(valid, bag, -1).to(bag_out_ptr.dtype.element_ty)
+    key_bag = tl.where(valid, bag, -1).to(tl.int32)  # fewer than 2**31 bags
     WINDOWS: tl.constexpr = BLOCK // WINDOW
     rows2 = tl.reshape(key_row, [WINDOWS, WINDOW])
     bags2 = tl.reshape(key_bag, [WINDOWS, WINDOW])
@@ -121,10 +129,15 @@ def _merged_positions_kernel(
         scale *= tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
     scale2 = tl.reshape(scale, [WINDOWS, WINDOW])
     factor = tl.reshape(tl.sum(tl.where(same, scale2[:, None, :], 0.0), axis=2), [BLOCK])
-    tl.store(rows_out_ptr + p, tl.where(keep, key_row, -1), mask=inside)
-    tl.store(bag_out_ptr + p, key_bag, mask=keep)
-    tl.store(scale_out_ptr + p, factor, mask=keep)
-    tl.store(counts_ptr + block, tl.sum(keep.to(tl.int64), axis=0))
+    if COMPACT:
+        tl.store(rows_out_ptr + p, tl.where(keep, key_row, -1), mask=inside)
+        tl.store(bag_out_ptr + p, key_bag, mask=keep)
+        tl.store(scale_out_ptr + p, factor, mask=keep)
+        tl.store(counts_ptr + block, tl.sum(keep.to(tl.int64), axis=0))
+    else:
+        tl.store(rows_out_ptr + p, tl.where(keep, key_row, sentinel), mask=inside)
+        bits = factor.to(tl.int32, bitcast=True).to(tl.int64)
+        tl.store(packed_out_ptr + p, (bits << 32) | (key_bag.to(tl.int64) & 0xFFFFFFFF), mask=keep)
 
 
 @triton.jit
@@ -163,24 +176,34 @@ def merge_block(window: int) -> int:
 
 
 def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype, mean,
-                     bounds_check, window):  # fmt: skip
-    """The batch's kept ids after ``RunsLaunch.merge_repeats`` of ``window`` positions (fewer
-    than 2**31 bags), compacted in the order of their positions: their global rows
-    (``key_dtype``) and, packed in an int64 each, their bags (low 32 bits) and factors' fp32
-    bits (high 32); one read of their count on the host."""
+                     bounds_check, window, compact=True, sentinel=-1):  # fmt: skip
+    """The batch's ids after ``RunsLaunch.merge_repeats`` of ``window`` positions (fewer than
+    2**31 bags): their global rows (``key_dtype``) and, packed in an int64 each, their bags
+    (low 32 bits) and factors' fp32 bits (high 32). ``compact``: the kept ids alone, in the
+    order of their positions, after one read of their count on the host; otherwise every
+    position, a dropped one (or one outside every bag) with the row ``sentinel`` and no
+    packed value (nothing waits for the device)."""
     device, N = indices.device, indices.numel()
     block = merge_block(window)
     programs = cdiv(N, block)
     window_starts = positions_window(offsets, N, block)
-    counts = torch.empty(programs, dtype=torch.int64, device=device)
     rows = torch.empty(N, dtype=key_dtype, device=device)
+    psw = per_sample_weights if per_sample_weights is not None else rows
+    flags = dict(MEAN=mean, WEIGHTED=per_sample_weights is not None, CHECK=bounds_check, BLOCK=block, WINDOW=window,
+                 COMPACT=compact, num_warps=MERGE_WARPS)  # fmt: skip
+    if not compact:
+        packed = torch.empty(N, dtype=torch.int64, device=device)
+        _merged_positions_kernel[(programs,)](
+            feature_meta, indices, offsets, window_starts, psw, packed, rows, packed, packed, B, total_bags, N,
+            sentinel, packed, **flags,
+        )  # fmt: skip
+        return rows, packed
+    counts = torch.empty(programs, dtype=torch.int64, device=device)
     bags = torch.empty(N, dtype=torch.int32, device=device)
     scale = torch.empty(N, dtype=torch.float32, device=device)
-    psw = per_sample_weights if per_sample_weights is not None else scale
     _merged_positions_kernel[(programs,)](
         feature_meta, indices, offsets, window_starts, psw, counts, rows, bags, scale, B, total_bags, N,
-        MEAN=mean, WEIGHTED=per_sample_weights is not None, CHECK=bounds_check, BLOCK=block, WINDOW=window,
-        num_warps=MERGE_WARPS,
+        sentinel, bags, **flags,
     )  # fmt: skip
     totals = torch.cumsum(counts, 0)
     kept = int(totals[-1])  # the host waits for the count: the sort takes its size from it

@@ -239,11 +239,13 @@ def variants():
         yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                                HOT=0, LOG_HOT=0), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
-    # RunsLaunch.merge_repeats: windows of 8 to 64, SUM and MEAN weighted; the compaction.
+    # RunsLaunch.merge_repeats: windows of 8 to 64, SUM and MEAN weighted, compacted and in
+    # place (merge_compact); the compaction.
     for window in (8, 16, 32, 64):
-        for scaled in (False, True):
+        for scaled, compact in ((False, True), (True, True), (False, False), (True, False)):
             yield positions._merged_positions_kernel, dict(MEAN=scaled, WEIGHTED=scaled, CHECK=True,
-                                                           BLOCK=positions.merge_block(window), WINDOW=window), \
+                                                           BLOCK=positions.merge_block(window), WINDOW=window,
+                                                           COMPACT=compact), \
                 positions.MERGE_WARPS, "*fp32", "*i32"  # fmt: skip
         yield positions._compact_kernel, dict(BLOCK=positions.merge_block(window)), positions.COMPACT_WARPS, "*fp32", \
             "*i32"  # fmt: skip

@@ -29,9 +29,9 @@ def merges(monkeypatch):
     """Counts the batches whose ids were merged (a list of the kept counts)."""
     kept, original = [], embedding_backward.merged_positions
 
-    def counted(*args):
-        result = original(*args)
-        kept.append(result[0].numel())
+    def counted(*args, **kwargs):
+        result = original(*args, **kwargs)
+        kept.append(int((result[0] != kwargs.get("sentinel", -1)).sum()))  # in place: the sentinel where dropped
         return result
 
     monkeypatch.setattr(embedding_backward, "merged_positions", counted)
@@ -85,6 +85,29 @@ def test_kept_ids_and_factors_follow_the_rule(window, pooling, weighted):
     assert got_rows.numel() < indices.numel()  # the hot row repeats: ids were merged
 
 
+@pytest.mark.parametrize("window", [4, 32])
+@pytest.mark.parametrize("pooling,weighted", [("SUM", False), ("MEAN", True)])
+def test_in_place_form_keeps_the_same_ids_at_their_positions(window, pooling, weighted):
+    """``merge_compact=False``: every position, a kept one with its row and its packed bag and
+    factor (the compacted form's, in the same order), a dropped one (or one outside every
+    bag) with the sentinel row."""
+    emb = build("EXACT_SGD", pooling=pooling)
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    indices, offsets = make_bags(rows, B=6, max_len=14, seed=3, hot_fraction=0.5)
+    indices = torch.cat([indices, torch.tensor([1, 2])])  # two ids past the last bag
+    psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(1)) if weighted else None
+    B = (offsets.numel() - 1) // len(rows)
+    common = (emb.feature_meta, indices, offsets, psw, B, len(rows) * B, torch.int32, pooling == "MEAN", True, window)
+    sentinel = torch.iinfo(torch.int32).max
+    compact_rows, compact_packed = merged_positions(*common, sentinel=sentinel)
+    in_place_rows, in_place_packed = merged_positions(*common, compact=False, sentinel=sentinel)
+    assert in_place_rows.numel() == indices.numel() and in_place_packed.numel() == indices.numel()
+    kept = in_place_rows != sentinel
+    assert torch.equal(in_place_rows[kept], compact_rows)
+    assert torch.equal(in_place_packed[kept], compact_packed)
+    assert not kept[-2:].any() and compact_rows.numel() < int(offsets[-1])  # outside bags; merged
+
+
 def test_ids_outside_bags_and_out_of_range_ids():
     """Ids after the last offset are in no bag and dropped; with bounds checks an id outside
     its table reads as row 0 of it (the forward's repair), and merges with row 0's repeats."""
@@ -127,29 +150,54 @@ def test_chunk_design_with_merged_repeats_matches_the_reference(merges):
 
 
 def _train(launch, optimizer="EXACT_ROWWISE_ADAGRAD", pooling="SUM", steps=2, weighted=False):
+    """``steps`` steps of a fresh module; ``weighted``: per-sample weights (no gradient)."""
     emb = build(optimizer, pooling=pooling)
     emb.backward_launch = launch
     rows = [emb.table_rows[t] for t in emb.feature_table_map]
-    psw_grads = []
     for step in range(steps):
         indices, offsets = make_bags(rows, B=5, max_len=9, seed=40 + step, hot_fraction=0.5)
-        psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)).requires_grad_(weighted)
+        psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step))
         out = emb(indices, offsets, psw if weighted else None)
         out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
-        psw_grads.append(psw.grad)
-    return emb, psw_grads
+    return emb
 
 
 def test_bitwise_repeatable_and_the_same_planned_in_the_forward(merges):
-    first, _ = _train(_merged(4))
-    again, _ = _train(_merged(4))
-    in_forward, _ = _train(_merged(4, plan_in_forward=True))
+    first = _train(_merged(4))
+    again = _train(_merged(4))
+    in_forward = _train(_merged(4, plan_in_forward=True))
     assert_bitwise_equal(first, again)
     assert_bitwise_equal(first, in_forward)
     assert len(merges) == 6
-    plain, _ = _train(EAGER)
+    plain = _train(EAGER)
     assert not torch.equal(first.weights, build("EXACT_ROWWISE_ADAGRAD").weights)  # trained
     torch.testing.assert_close(first.weights, plain.weights, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer,pooling,weighted", [("EXACT_ROWWISE_ADAGRAD", "SUM", False),
+                                                        ("ADAM", "MEAN", False), ("LAMB", "SUM", True)])
+def test_in_place_form_trains_bitwise_as_the_compacted(merges, optimizer, pooling, weighted):
+    """The kept ids leave the stable sort in the same order in both forms (the dropped ones,
+    with the sentinel row, after them): the same plan past the sort, the same step bit for bit."""
+    compacted = _train(_merged(8), optimizer, pooling, weighted=weighted)
+    in_place = _train(_merged(8, merge_compact=False), optimizer, pooling, weighted=weighted)
+    assert_bitwise_equal(compacted, in_place)
+    assert len(merges) == 4 and merges[:2] == merges[2:]
+
+
+def test_in_place_plan_is_the_compacted_plan_then_sentinels():
+    emb = build("EXACT_ROWWISE_ADAGRAD")
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    indices, offsets = make_bags(rows, B=6, max_len=12, seed=7, hot_fraction=0.6)
+    compacted = _plan(emb, indices, offsets, _merged(8))
+    in_place = _plan(emb, indices, offsets, _merged(8, merge_compact=False))
+    kept = compacted.sorted_operands[0].numel()
+    assert kept < indices.numel() == in_place.sorted_operands[0].numel()
+    assert torch.equal(compacted.class_pos, in_place.class_pos) and int(in_place.class_pos[-1]) == kept
+    for got, want in zip(in_place.sorted_operands, compacted.sorted_operands):
+        assert torch.equal(got[:kept], want)
+    assert (in_place.sorted_operands[0][kept:] == in_place.sentinel).all()
+    assert in_place.scaled and compacted.scaled
 
 
 def _plan(emb, indices, offsets, launch, pooling=Pooling.SUM, psw=None, psw_requires_grad=False, graphed=False):
@@ -213,11 +261,15 @@ def test_bad_window_names_the_option(window):
 def test_merged_repeats_on_cuda(merges, optimizer):
     """Zipf(1.15) ids over tables of D 16, 128 and 400 (B=16384, 20 ids a bag: the hot rows
     repeat within bags): with windows of 32 and 64 the step matches the default backward up
-    to fp32 rounding, two runs agree bit for bit, and each merged step kept fewer ids."""
+    to fp32 rounding, two runs agree bit for bit, the in-place form (``merge_compact=False``)
+    bit for bit with the compacted one, and each merged step kept fewer ids."""
     plain = RunsLaunch(graph_max_ids=0)
     w32, w64 = (RunsLaunch(graph_max_ids=0, merge_repeats=w, merge_min_ids=0) for w in (32, 64))
-    modules, indices = cuda_zipf_steps(optimizer, (plain, w32, w32, w64))
+    in_place = dataclasses.replace(w32, merge_compact=False)
+    modules, indices = cuda_zipf_steps(optimizer, (plain, w32, w32, w64, in_place))
     assert_bitwise_equal(modules[1], modules[2])
+    assert_bitwise_equal(modules[1], modules[4])
     for merged in (modules[1], modules[3]):
         assert_step_close(merged, modules[0])
-    assert len(merges) == 3 and all(kept < 0.95 * indices.numel() for kept in merges), merges
+    assert len(merges) == 4 and all(kept < 0.95 * indices.numel() for kept in merges), merges
+    assert merges[0] == merges[1] == merges[3]

@@ -185,6 +185,17 @@ def test_in_place_form_trains_bitwise_as_the_compacted(merges, optimizer, poolin
     assert len(merges) == 4 and merges[:2] == merges[2:]
 
 
+@pytest.mark.parametrize("compact", [True, False])
+def test_int64_keys_train_as_int32_keys(merges, monkeypatch, compact):
+    """Tables of 2**31 rows and more sort int64 rows (the sentinel int64's largest value):
+    the same step, bit for bit, as with int32 rows."""
+    int32_keys = _train(_merged(8, merge_compact=compact))
+    monkeypatch.setattr(embedding_backward, "INT32_KEYS_BELOW", 0)
+    int64_keys = _train(_merged(8, merge_compact=compact))
+    assert_bitwise_equal(int32_keys, int64_keys)
+    assert len(merges) == 4 and merges[:2] == merges[2:]
+
+
 def test_in_place_plan_is_the_compacted_plan_then_sentinels():
     emb = build("EXACT_ROWWISE_ADAGRAD")
     rows = [emb.table_rows[t] for t in emb.feature_table_map]

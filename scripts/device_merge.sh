@@ -2,7 +2,8 @@
 # The candidate RunsLaunch.merge_repeats (a bag's repeats of a row merged before the sort), in
 # two device calls of under 10 minutes: PARTS="tests profile" (~6 min: its GPU tests and the
 # plan-in-forward ones; the backward's kernel profile with windows of 32 and 64, compacted and
-# in place, on ctr-dlrm, long-bags, ctr-mix and user-id, FBGEMM's beside), then PARTS="e2e suite"
+# in place, and the short launch of two pieces a group (short_e256), on ctr-dlrm, long-bags and
+# ctr-mix (batches of 2**20 ids or more: user-id's is graphed, unmerged), FBGEMM's beside), then PARTS="e2e suite"
 # (~5 min: the end to end under SparseDist and staleness 1 and the kernel suite, both with
 # $CANDIDATE, merge32 by default; E2E_CANDIDATES="a b": the end to end with each). Results
 # under $OUT: device.txt, gpu_tests.log, profile_backward.json, e2e_<candidate>/e2e.{json,md},
@@ -11,7 +12,7 @@
 source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
 PARTS=${PARTS:-tests profile e2e suite}
 CANDIDATE=${CANDIDATE:-merge32}
-CANDIDATES=${CANDIDATES:-default,merge32,merge64,merge32_in_place,merge64_in_place}
+CANDIDATES=${CANDIDATES:-default,merge32,merge64,merge32_in_place,merge64_in_place,short_e256}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"
@@ -20,8 +21,8 @@ if part tests; then
 fi
 if part profile; then
   echo "=== profile $(date +%T)"
-  timeout ${PROFILE_TIMEOUT:-330} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
-    --configs ${CONFIGS:-ctr-dlrm,long-bags,ctr-mix,user-id} --candidates "$CANDIDATES" 2>&1 \
+  timeout ${PROFILE_TIMEOUT:-400} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
+    --configs ${CONFIGS:-ctr-dlrm,long-bags,ctr-mix} --candidates "$CANDIDATES" 2>&1 \
     | grep -v "no entry for\|compatibility\|WARNING" | tail -12
 fi
 filter() { grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT"; }

@@ -151,6 +151,12 @@ CANDIDATES = {
     "short64": _launch(piece_short=64),
     "short4_fit": _launch(piece_short=4, piece_fit=True),
     "short4_w1_p32": _launch(piece_short=4, piece_elements=128, piece_warps=1, piece_programs_per_sm=32),
+    # The short launch with two pieces a group (RUNS 2 at D=128): more gradient and weight rows in
+    # flight a multiprocessor (ptxas sm_90, rowwise fp32 unscaled: 74 registers, ~25 one-warp
+    # programs resident, 50 pieces in flight, against 63 registers, 32 programs, 32 pieces; scaled:
+    # 127 registers, 16 programs, no more in flight). ctr-dlrm's short launch moved ~1.8 GB at 59%
+    # of DRAM bandwidth (ncu, 246ec7c): rows in flight bound it.
+    "short_e256": _launch(short_elements=256, short_warp_elements=256),
 }
 
 

@@ -207,6 +207,13 @@ class RunsLaunch:
     short_lanes: int = 32
     short_elements: int = 128
     short_warps: int = 1
+    short_warp_elements: int = 128
+    """``piece_short``: the most gradient elements a warp of the short launch holds (its
+    warps grow to hold ``short_elements``): 128, 4 a thread; 256, 8 a thread, so that
+    ``short_elements=256`` puts two D=128 pieces side by side on one warp (twice the rows
+    in flight a program; ptxas sm_90, rowwise fp32 unscaled: 74 registers against 63, ~25
+    one-warp programs a multiprocessor against 32; scaled: 127, 16). Candidate, not timed
+    (profile_backward's ``short_e256``)."""
     short_programs_per_sm: int = 32
     short_fit: bool = True
     """``piece_short``: the short launch's grid cut to the programs that fit a multiprocessor
@@ -387,6 +394,9 @@ class RunsLaunch:
             raise ValueError(f"RunsLaunch.short_lanes must be a power of two from 2 to 128, got {self.short_lanes}")
         if self.short_elements < 2 or not _power_of_two(self.short_elements):
             raise ValueError(f"RunsLaunch.short_elements must be a power of two >= 2, got {self.short_elements}")
+        if self.short_warp_elements not in (32, 64, 128, 256, 512):
+            raise ValueError(f"RunsLaunch.short_warp_elements must be a power of two from 32 to 512, got "
+                             f"{self.short_warp_elements}")  # fmt: skip
         if self.short_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"RunsLaunch.short_warps must be a power of two from 1 to 16, got {self.short_warps}")
         if self.short_programs_per_sm < 0:
@@ -447,7 +457,7 @@ class RunsLaunch:
             return {}
         short_runs = max(1, self.short_elements // block_d)
         return dict(short_runs=short_runs, short_lanes=max(self.short_lanes, short_runs),
-                    short_warps=min(16, max(self.short_warps, short_runs * block_d // 128)))
+                    short_warps=min(16, max(self.short_warps, short_runs * block_d // self.short_warp_elements)))
 
 
 @functools.lru_cache(maxsize=1)

@@ -89,7 +89,8 @@ def test_pieces_bitwise_equal_to_chunks_when_sums_are_exact(optimizer, dtype, sp
     assert not torch.equal(chunks.weights, build(optimizer, dtype=dtype, specs=specs, ftm=ftm).weights)
 
 
-@pytest.mark.parametrize("second", ["same", "records", "ordered", "lanes", "lanes-looping", "short", "short-records"])
+@pytest.mark.parametrize("second", ["same", "records", "ordered", "lanes", "lanes-looping", "short", "short-records",
+                                    "short-e256"])
 def test_pieces_deterministic_with_inexact_sums(second):
     """Random gradients (sums rounded in fp32): two runs of the pieces design agree bit for
     bit (every sum in a fixed order); so does a run with the marks kernel's per-piece
@@ -99,12 +100,15 @@ def test_pieces_deterministic_with_inexact_sums(second):
     operands a piece a lane (``piece_lanes``: the same pieces summed in the same order,
     grouped otherwise; a program per round, or one looping program), and runs whose short
     runs (up to 2 ids) are summed in a launch of their own (``piece_short``: each in id
-    order as before)."""
+    order as before; ``short-e256``: twice the short launch's tile, two groups' pieces side by
+    side)."""
     results = []
     second_launch = dataclasses.replace(PIECES, piece_records=second in ("records", "ordered", "short-records"),
                                         piece_order=second == "ordered", piece_lanes=32 if "lanes" in second else 0,
                                         piece_programs_per_sm=0 if second == "lanes" else 1,
-                                        piece_short=2 if "short" in second else 0)  # fmt: skip
+                                        piece_short=2 if "short" in second else 0,
+                                        short_elements=256 if second == "short-e256" else PIECES.short_elements,
+                                        short_warp_elements=256 if second == "short-e256" else 128)
     for launch in (PIECES, second_launch):
         emb = build("PARTIAL_ROWWISE_ADAM", "MEAN", learning_rate=0.05)
         emb.backward_launch = launch

@@ -156,7 +156,7 @@ def test_auto_chunk_mode_takes_one_program_per_chunk_for_one_class_only():
      ("tree_warps", 0), ("piece_programs_per_sm", -1), ("piece_unroll", 32), ("piece_order", True),
      ("piece_lanes", 3), ("piece_lanes", 256), ("piece_lanes", 1), ("piece_short", -1), ("piece_short", 6),
      ("short_lanes", 0), ("short_lanes", 48), ("short_elements", 96), ("short_warps", 3),
-     ("short_programs_per_sm", -2)],
+     ("short_programs_per_sm", -2), ("short_warp_elements", 100), ("short_warp_elements", 1024)],
 )
 def test_bad_launch_sizes_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RunsLaunch.{field}"):

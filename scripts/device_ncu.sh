@@ -6,7 +6,9 @@
 # (the suite's report for CONFIGS), ncu_<config>_<pass>.txt (ncu's details page).
 #   CONFIGS (default ctr-dlrm,long-bags): suite configs;
 #   KERNELS (default forward): forward (ours _pooled_forward_kernel and _warp_pooled_forward_kernel, FBGEMM's
-#     *codegen_forward*) and/or backward (ours _pieces_kernel, FBGEMM's *backward_codegen*).
+#     *codegen_forward*) and/or backward (ours _pieces_kernel, FBGEMM's *backward_codegen*) and/or plan
+#     (ours: the marks, positions and sorted-operands kernels, 0.20 + 0.15 + 0.21 ms on ctr-dlrm at 25326c6,
+#     the first two at a third of copy bandwidth).
 # After the GPU stack's second call (../shared/device/README.md):
 #   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> bash scripts/device_ncu.sh
 source "$(dirname "$0")/device_common.sh" "Nsight Compute: ${CONFIGS:-ctr-dlrm,long-bags} ${KERNELS:-forward}"
@@ -19,7 +21,8 @@ for name in $(echo "$CONFIGS" | tr , ' '); do
     case $pass in
       forward) regex='_pooled_forward_kernel|codegen_forward' ;;
       backward) regex='_pieces_kernel|backward_codegen' ;;
-      *) echo "KERNELS: forward or backward, got $pass"; exit 2 ;;
+      plan) regex='_piece_marks_kernel|_positions_kernel|_sorted_operands_kernel' ;;  # ours only
+      *) echo "KERNELS: forward, backward or plan, got $pass"; exit 2 ;;
     esac
     echo "=== ncu $name $pass $(date +%T)"
     # The suite's check step runs each provider's forward (and backward) once, then the

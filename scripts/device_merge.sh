@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The candidate RunsLaunch.merge_repeats (a bag's repeats of a row merged before the sort), in
 # two device calls of under 10 minutes: PARTS="tests profile" (~6 min: its GPU tests and the
-# plan-in-forward ones; the backward's kernel profile with windows of 32 and 64, compacted and
-# in place, and the short launch of two pieces a group (short_e256), on ctr-dlrm, long-bags and
-# ctr-mix (batches of 2**20 ids or more: user-id's is graphed, unmerged), FBGEMM's beside), then PARTS="e2e suite"
+# plan-in-forward, marks and pieces ones; the backward's kernel profile with windows of 32
+# (compacted and in place) and 64 (in place), the short launch of two pieces a group
+# (short_e256) and the marks found beside the operands (marks_in_operands), on ctr-dlrm,
+# long-bags and ctr-mix (batches of 2**20 ids or more: user-id's is graphed, unmerged),
+# FBGEMM's beside), then PARTS="e2e suite"
 # (~5 min: the end to end under SparseDist and staleness 1 and the kernel suite, both with
 # $CANDIDATE, merge32 by default; E2E_CANDIDATES="a b": the end to end with each). Results
 # under $OUT: device.txt, gpu_tests.log, profile_backward.json, e2e_<candidate>/e2e.{json,md},
@@ -12,12 +14,13 @@
 source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
 PARTS=${PARTS:-tests profile e2e suite}
 CANDIDATE=${CANDIDATE:-merge32}
-CANDIDATES=${CANDIDATES:-default,merge32,merge64,merge32_in_place,merge64_in_place,short_e256}
+CANDIDATES=${CANDIDATES:-default,merge32,merge32_in_place,merge64_in_place,short_e256,marks_in_operands}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"
-  timeout ${TESTS_TIMEOUT:-120} python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_merge_repeats.py \
-    tests/ops/test_plan_in_forward.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_merge_repeats.py \
+    tests/ops/test_plan_in_forward.py tests/ops/test_marks_in_operands.py tests/ops/test_backward_pieces.py \
+    2>&1 | tee "$OUT/gpu_tests.log" | tail -4
 fi
 if part profile; then
   echo "=== profile $(date +%T)"

@@ -157,6 +157,10 @@ CANDIDATES = {
     # 127 registers, 16 programs, no more in flight). ctr-dlrm's short launch moved ~1.8 GB at 59%
     # of DRAM bandwidth (ncu, 246ec7c): rows in flight bound it.
     "short_e256": _launch(short_elements=256, short_warp_elements=256),
+    # The marks found by the sorted-operands kernel (a byte a position and its block's counts),
+    # so that the marks kernel runs once, from them (RunsLaunch.marks_in_operands); with the merge too.
+    "marks_in_operands": _launch(marks_in_operands=True),
+    "merge32_in_place_marks": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True),
 }
 
 

@@ -253,6 +253,13 @@ class RunsLaunch:
     kernel 1.41 -> 1.73 ms on ctr-dlrm, 1.64 -> 2.03 on long-bags, 2.19 -> 2.51 on ctr-mix
     (fp32 rowwise: 64 -> 80 registers, 16 -> 12 resident programs a multiprocessor; the
     gathers it saves were cache hits); the suite's backward geomean 1.264 against 1.294."""
+    marks_in_operands: bool = False
+    """Candidate (off): the pieces design's marks found by the sorted-operands kernel, which
+    reads each sorted id's row already (a byte a position and its block's counts), so that
+    the marks kernel runs once, reading those bytes, instead of twice, finding the marks
+    from the rows each time (a count pass, then a write pass). The same marks, bit for bit
+    (tested). At 25326c6 the two passes took 0.20 ms of ctr-dlrm's 2.83 ms backward, the
+    sorted operands 0.21. Not timed."""
     piece_order: bool = False
     """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:

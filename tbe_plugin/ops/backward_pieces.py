@@ -56,13 +56,41 @@ def _another_grid_point(sorted_rows_ptr, q, row, grid_point, end, PIECE: tl.cons
 
 
 @triton.jit
+def _marks_at(sorted_rows_ptr, q, row, prev, inside, at_end, limit, PIECE: tl.constexpr, SHORT: tl.constexpr):
+    """The marks at positions q (their rows ``row`` and their predecessors' ``prev``, read
+    where ``inside``: q holds a valid id, before the end of the valid ids; ``at_end``: q is
+    that end): (head, piece, multi, short). A piece starts at a head, at a cut grid point
+    or at the end; a multi run's head is a head whose row is still there at the next grid
+    point; a short run's head one whose row is gone SHORT positions after it (SHORT 0: none).
+    Rows are read at other positions below ``limit``: the end, or any bound past it (the ids
+    past the end, sentinels, never equal a valid id's row)."""
+    head = inside & (row != prev)
+    # A grid point after its run's head is cut when the run holds another one after the
+    # head: the next (q + PIECE) or the previous (q - PIECE, itself after the head).
+    cut = _another_grid_point(sorted_rows_ptr, q, row, inside & ~head & (q % PIECE == 0), limit, PIECE)
+    piece = head | cut | at_end
+    # A multi run's head: its run holds the second grid point after it.
+    second_grid = (q // PIECE + 2) * PIECE
+    crosses = head & (second_grid < limit)
+    multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
+    # A short run: at most SHORT ids, so its row is gone SHORT positions after its head (sorted).
+    if SHORT > 0:
+        beyond = head & (q + SHORT < limit)
+        short = head & (tl.load(sorted_rows_ptr + q + SHORT, mask=beyond, other=-3) != row)
+    else:
+        short = head & (q < 0)  # none
+    return head, piece, multi, short
+
+
+@triton.jit
 def _piece_marks_kernel(
     sorted_rows_ptr, sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
     class_pos_ptr, num_classes, counts_ptr, piece_starts_ptr, multi_heads_ptr, class_piece_pos_ptr,
     class_multi_pos_ptr, piece_row_ptr, piece_flags_ptr, piece_w_start_ptr, piece_dim_ptr, piece_grad_offset_ptr,
     piece_scale_ptr, short_index_ptr, long_index_ptr, class_short_pos_ptr, class_long_pos_ptr,
+    flags_ptr,
     WRITE: tl.constexpr, PIECE: tl.constexpr, BLOCK: tl.constexpr, RECORDS: tl.constexpr, SCALED: tl.constexpr,
-    SHORT: tl.constexpr = 0,
+    SHORT: tl.constexpr = 0, FLAGS: tl.constexpr = False,
 ):  # fmt: skip
     """Marks, per position q up to the end of the valid ids (``end``, the last class's
     bound; sentinel ids lie after it): a piece starts at q when q is a head, a grid point
@@ -82,30 +110,23 @@ def _piece_marks_kernel(
     piece list go to ``short_index``, the other pieces' to ``long_index`` (int32; a third
     count a block, after the multi runs'), which the pieces kernel takes in launches of their
     own sizes (INDIRECT); ``class_short_pos``/``class_long_pos``: where each class's short and
-    other pieces begin in those lists."""
+    other pieces begin in those lists. FLAGS (``RunsLaunch.marks_in_operands``; WRITE only):
+    the marks read from ``flags_ptr`` (the sorted-operands kernel's, one byte a position, with
+    the counts that made ``counts_ptr``'s running totals) instead of found again."""
     block = tl.program_id(0)
     q = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     end = tl.load(class_pos_ptr + num_classes)
     inside = q < end
-    row = tl.load(sorted_rows_ptr + q, mask=inside, other=-1)
-    prev = tl.load(sorted_rows_ptr + q - 1, mask=inside & (q > 0), other=-2)
-    head = inside & (row != prev)
-    # A grid point after its run's head is cut when the run holds another one after the
-    # head: the next (q + PIECE) or the previous (q - PIECE, itself after the head).
-    cut = _another_grid_point(sorted_rows_ptr, q, row, inside & ~head & (q % PIECE == 0), end, PIECE)
-    piece = head | cut | (q == end)
-    # A multi run's head: its run holds the second grid point after it.
-    second_grid = (q // PIECE + 2) * PIECE
-    crosses = head & (second_grid < end)
-    multi = crosses & (tl.load(sorted_rows_ptr + second_grid, mask=crosses, other=-3) == row)
+    if FLAGS:  # (WRITE) the marks the sorted-operands kernel wrote: bits piece, multi, short, head
+        flags = tl.load(flags_ptr + q, mask=q <= end, other=0)
+        piece, multi, short, head = (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, (flags & 8) != 0
+        row = tl.load(sorted_rows_ptr + q, mask=piece & inside, other=-1) if RECORDS else q  # (records only)
+    else:
+        row = tl.load(sorted_rows_ptr + q, mask=inside, other=-1)
+        prev = tl.load(sorted_rows_ptr + q - 1, mask=inside & (q > 0), other=-2)
+        head, piece, multi, short = _marks_at(sorted_rows_ptr, q, row, prev, inside, q == end, end, PIECE, SHORT)
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
-    # A short run: at most SHORT ids, so its row is gone SHORT positions after its head (sorted).
-    if SHORT > 0:
-        beyond = head & (q + SHORT < end)
-        short = head & (tl.load(sorted_rows_ptr + q + SHORT, mask=beyond, other=-3) != row)
-    else:
-        short = head & (q < 0)  # none
     short_marks = short.to(tl.int32)
     blocks = tl.num_programs(0)
     if WRITE:

@@ -65,7 +65,15 @@ from tbe_plugin.ops.indexing import (
     _META_WEIGHT_OFFSET,
 )
 from tbe_plugin.ops.optimizers import OptimizerArgs
-from tbe_plugin.ops.pieces_launch import PieceMarks, _launch_pieces, piece_marks
+from tbe_plugin.ops.backward_pieces import _marks_at
+from tbe_plugin.ops.pieces_launch import (
+    MARKS_BLOCK,
+    PieceMarks,
+    _launch_pieces,
+    mark_counts,
+    piece_marks,
+    short_ids,
+)
 from tbe_plugin.ops.positions import bag_length, bag_rows, merged_positions, positions_window
 from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
 
@@ -118,8 +126,10 @@ def _positions_kernel(
 def _sorted_operands_kernel(
     perm_ptr, sorted_rows_ptr, bag_ptr, scale_ptr, feature_meta_ptr,
     sorted_w_start_ptr, sorted_dim_ptr, sorted_grad_offset_ptr, sorted_scale_ptr,
-    B, grad_stride, num_indices, sentinel, UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
+    B, grad_stride, num_indices, sentinel, flags_ptr, counts_ptr, total_rows,
+    UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
     SORTED_BAGS: tl.constexpr = False, PACKED: tl.constexpr = False,
+    MARKS: tl.constexpr = False, PIECE: tl.constexpr = 1, SHORT: tl.constexpr = 0,
 ):  # fmt: skip
     """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
     where its row starts in the flat weights, its D, its output-gradient row (from its bag:
@@ -127,9 +137,28 @@ def _sorted_operands_kernel(
     sorted id's position; with SORTED_BAGS (pooled, unscaled) its bag instead, sorted with
     the rows (``radix_sort``): read in order, no gather. PACKED (``positions.merged_positions``):
     ``bag_ptr`` holds an int64 a position, its bag in the low 32 bits and its factor's bits in
-    the high 32: one gather of 8 bytes (one sector) for both."""
+    the high 32: one gather of 8 bytes (one sector) for both. MARKS (``RunsLaunch.
+    marks_in_operands``; a grid over num_indices + 1 positions, BLOCK the marks kernel's):
+    the pieces design's marks too (``backward_pieces._marks_at``: the valid ids are those of
+    rows below ``total_rows``), a byte a position at ``flags_ptr`` (bits: piece, multi run,
+    short run, head) and the block's counts at ``counts_ptr`` (``pieces_launch.mark_counts``'
+    layout), so that the marks kernel runs once, from them."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
+    if MARKS:
+        # The valid ids end where the rows reach total_rows (sorted: the sentinels after them).
+        inside = (q < num_indices) & (row < total_rows)
+        prev = tl.load(sorted_rows_ptr + q - 1, mask=(q > 0) & (q <= num_indices), other=-2)
+        at_end = (q <= num_indices) & ~inside & ((q == 0) | (prev < total_rows))
+        head, piece, multi, short = _marks_at(sorted_rows_ptr, q, row, prev, inside, at_end, num_indices, PIECE,
+                                              SHORT)  # fmt: skip
+        flags = piece.to(tl.int8) + 2 * multi.to(tl.int8) + 4 * short.to(tl.int8) + 8 * head.to(tl.int8)
+        tl.store(flags_ptr + q, flags, mask=q <= num_indices)
+        block, blocks = tl.program_id(0), tl.num_programs(0)
+        tl.store(counts_ptr + block, tl.sum(piece.to(tl.int32), axis=0))
+        tl.store(counts_ptr + blocks + block, tl.sum(multi.to(tl.int32), axis=0))
+        if SHORT > 0:
+            tl.store(counts_ptr + 2 * blocks + block, tl.sum(short.to(tl.int32), axis=0))
     valid = row != sentinel
     if SORTED_BAGS:
         p = q  # unused: pooled and unscaled
@@ -191,6 +220,8 @@ def _psw_grad_kernel(
 
 
 SORTED_OPERANDS_BLOCK = 1024
+# RunsLaunch.marks_in_operands: the sorted-operands kernel counts the marks per block of the marks kernel's size.
+assert SORTED_OPERANDS_BLOCK == MARKS_BLOCK
 SORTED_OPERANDS_WARPS = 8  # 57 registers (ptxas, sm_90); 4 warps took 96 with the bag's division
 # Positions per program of _positions_kernel, and its warps (4 positions a thread):
 # consecutive positions, so that its loads and stores are contiguous whatever the bags'
@@ -297,10 +328,16 @@ def plan_backward(
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
     sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
     sorted_scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
-    _sorted_operands_kernel[(cdiv(N, SORTED_OPERANDS_BLOCK),)](
+    # The pieces design's marks found here too (RunsLaunch.marks_in_operands): the marks kernel then runs once.
+    in_operands = launch.marks_in_operands and launch.design == "pieces"
+    short = short_ids(launch, optimizer, pooling != Pooling.NONE, N) if in_operands else 0
+    flags = torch.empty(N + 1 if in_operands else 1, dtype=torch.int8, device=device)
+    counts = mark_counts(N, short, device) if in_operands else flags
+    _sorted_operands_kernel[(cdiv(N + 1 if in_operands else N, SORTED_OPERANDS_BLOCK),)](
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
-        B, grad_shape[1], N, sentinel, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
-        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, PACKED=packed, num_warps=SORTED_OPERANDS_WARPS,
+        B, grad_shape[1], N, sentinel, flags, counts, total_rows, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
+        BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, PACKED=packed, MARKS=in_operands,
+        PIECE=launch.piece_ids, SHORT=short, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
     # Where each class's sorted ids begin (one search per class: the ids are sorted).
@@ -308,7 +345,8 @@ def plan_backward(
     marks = None
     if launch.design == "pieces":
         marks = piece_marks(sorted_operands, class_pos, len(classes) // 2, launch, optimizer,
-                            pooling != Pooling.NONE, scaled, *grad_shape)  # fmt: skip
+                            pooling != Pooling.NONE, scaled, *grad_shape,
+                            flags=(flags, counts) if in_operands else None)  # fmt: skip
     kept = (rows, bags) if psw_requires_grad else (None, None)
     return BackwardPlan(sorted_operands, class_pos, marks, *kept, (tables, hot_rows, hot_counts) if hot else None,
                         sentinel, tuple(grad_shape), scaled)  # fmt: skip

@@ -105,26 +105,41 @@ class PieceMarks(NamedTuple):
     cells: int
 
 
+def short_ids(launch, optimizer, pooled: bool, num_ids: int) -> int:
+    """The most ids of a run the marks list apart as short (``RunsLaunch.piece_short``), 0 for
+    none: int32 piece indices, so batches of fewer than 2**31 ids; not with the ordered list,
+    which their indices do not follow; for optimizers of two states only with
+    ``RunsLaunch.short_two_states`` (the default)."""
+    piece = launch.piece_ids
+    ordered = launch.piece_order and pooled
+    two_states = optimizer in TWO_STATES and not launch.short_two_states
+    fits = num_ids + num_ids // piece + 2 < 2**31
+    return min(launch.piece_short, piece) if fits and not ordered and not two_states else 0
+
+
+def mark_counts(num_ids: int, short: int, device: torch.device) -> torch.Tensor:
+    """The marks' counts per block of MARKS_BLOCK positions (``num_ids`` + 1 positions: the end
+    of the valid ids may be the last): pieces, then multi runs (then short runs), one vector,
+    so that its running totals are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2]
+    tensor serially: 1.5 ms at ctr-mix's 22k blocks, H200, e45a0a4)."""
+    return torch.empty((3 if short else 2) * cdiv(num_ids + 1, MARKS_BLOCK), dtype=torch.int32, device=device)
+
+
 def piece_marks(sorted_operands, class_pos, num_classes, launch, optimizer, pooled, scaled, grad_rows,
-                grad_stride) -> PieceMarks:  # fmt: skip
+                grad_stride, flags=None) -> PieceMarks:  # fmt: skip
     """The marks of pieces and multi runs over all classes at once (two passes of
     ``_piece_marks_kernel`` and a running total), with the optional per-piece records and
-    their order by gradient row (``grad_rows`` rows of ``grad_stride`` elements)."""
+    their order by gradient row (``grad_rows`` rows of ``grad_stride`` elements). ``flags``:
+    (marks, counts) from the sorted-operands kernel (``RunsLaunch.marks_in_operands``): the
+    first pass is skipped."""
     sorted_rows = sorted_operands[0]
     device, N = sorted_rows.device, sorted_rows.numel()
     piece = launch.piece_ids
     cells = N // piece + 1
     blocks = cdiv(N + 1, MARKS_BLOCK)
-    # Short runs listed apart (int32 piece indices: batches of fewer than 2**31 ids; not with
-    # the ordered list, which their indices do not follow; for optimizers of two states only
-    # with ``RunsLaunch.short_two_states``, the default).
     ordered = launch.piece_order and pooled
-    two_states = optimizer in TWO_STATES and not launch.short_two_states
-    short = min(launch.piece_short, piece) if N + cells + 1 < 2**31 and not ordered and not two_states else 0
-    # Pieces per block, then multi runs (then short runs) per block: one vector, so that its
-    # running totals are one 1-D scan (CUB's; torch scans dim 0 of a [blocks, 2] tensor
-    # serially: 1.5 ms at ctr-mix's 22k blocks, H200, e45a0a4).
-    counts = torch.empty((3 if short else 2) * blocks, dtype=torch.int32, device=device)
+    short = short_ids(launch, optimizer, pooled, N)
+    counts = mark_counts(N, short, device) if flags is None else None
     # Pieces: at most a head per id, a grid point per cell, and the end.
     piece_starts = torch.empty(N + cells + 1, dtype=torch.int64, device=device)
     multi_heads = torch.empty(cells + 1, dtype=torch.int64, device=device)
@@ -140,11 +155,15 @@ def piece_marks(sorted_operands, class_pos, num_classes, launch, optimizer, pool
         split = (piece_starts,) * 4  # never read
     marks = dict(PIECE=piece, BLOCK=MARKS_BLOCK, RECORDS=launch.piece_records, SCALED=scaled, SHORT=short,
                  num_warps=MARKS_WARPS)  # fmt: skip
-    _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, *split,
-                                   WRITE=False, **marks)  # fmt: skip
+    if flags is None:
+        _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, counts, *lists, *records, *split,
+                                       counts, WRITE=False, **marks)  # fmt: skip
+    else:  # RunsLaunch.marks_in_operands: the sorted-operands kernel counted them
+        flags, counts = flags
     totals = torch.cumsum(counts, 0, dtype=torch.int32)
     _piece_marks_kernel[(blocks,)](*sorted_operands, class_pos, num_classes, totals, *lists, *records, *split,
-                                   WRITE=True, **marks)  # fmt: skip
+                                   flags if flags is not None else totals, WRITE=True, FLAGS=flags is not None,
+                                   **marks)  # fmt: skip
     # Ordered by gradient row only when pooled: unpooled ids each read a row of their own.
     piece_list, stops = piece_starts, piece_starts
     if ordered:

@@ -36,7 +36,7 @@ FLOAT_POINTERS = ("grad_ptr", "psw_ptr", "per_sample_weights_ptr", "segment_sums
 FLOAT_POINTERS += ("cell_sums_ptr",)
 FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
-INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr")
+INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr", "flags_ptr")
 INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_index_ptr",
                        "long_index_ptr", "piece_index_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
@@ -269,8 +269,13 @@ def variants():
         ), 4, weights, "*i32"  # fmt: skip
     for scaled, sorted_bags, packed in ((True, False, False), (False, True, False), (True, False, True)):
         operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags,
-                        PACKED=packed)  # fmt: skip
+                        PACKED=packed, MARKS=False, PIECE=1, SHORT=0)  # fmt: skip
         yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32"
+    # RunsLaunch.marks_in_operands: the marks found beside the operands (short runs listed apart or not).
+    for keys, scaled, short in (("*i32", False, 16), ("*i32", True, 0), ("*i64", False, 16)):
+        operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=False,
+                        PACKED=False, MARKS=True, PIECE=RunsLaunch().piece_ids, SHORT=short)  # fmt: skip
+        yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", keys
     for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
     sizes = RadixSizes()
@@ -338,11 +343,13 @@ def pieces_variants():
                     yield kernel, dict(constexprs, FAN_IN=launch.fan_in), sizes.tree_warps, weights, "*i32"
         yield pieces._cell_groups_kernel, dict(BLOCK_D=block_d, FAN_IN=launch.fan_in, PIECE=launch.piece_ids), \
             sizes.tree_warps, "*fp32", "*i32"  # fmt: skip
-    for write, keys, records, short in ((False, "*i32", False, 0), (True, "*i32", False, 0), (True, "*i64", False, 0),
-                                        (True, "*i32", True, 0), (False, "*i32", False, 16),
-                                        (True, "*i32", False, 16)):  # int64 keys: 2**31 rows or more  # fmt: skip
+    for write, keys, records, short, flags in ((False, "*i32", False, 0, False), (True, "*i32", False, 0, False),
+                                               (True, "*i64", False, 0, False), (True, "*i32", True, 0, False),
+                                               (False, "*i32", False, 16, False), (True, "*i32", False, 16, False),
+                                               (True, "*i32", False, 16, True), (True, "*i32", True, 16, True)):
+        # (int64 keys: 2**31 rows or more; flags: RunsLaunch.marks_in_operands)
         yield pieces._piece_marks_kernel, dict(WRITE=write, PIECE=launch.piece_ids, BLOCK=pieces_launch.MARKS_BLOCK,
-                                               RECORDS=records, SCALED=True, SHORT=short), \
+                                               RECORDS=records, SCALED=True, SHORT=short, FLAGS=flags), \
             pieces_launch.MARKS_WARPS, "*fp32", keys  # fmt: skip
     for scatter in (False, True):
         yield pieces._piece_order_kernel, dict(SCATTER=scatter, SCALED=True, BLOCK=pieces_launch.ORDER_BLOCK), \

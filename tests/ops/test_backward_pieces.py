@@ -157,7 +157,7 @@ def test_piece_marks_list_pieces_and_multi_runs():
                    torch.full((32,), -1), torch.full((32,), -1, dtype=torch.int32), torch.full((32,), -1),
                    torch.full((32,), -1.0))  # fmt: skip
         args = (*operands, class_pos, len(class_pos) - 1)
-        lists = (starts, multi, piece_pos, multi_pos, *records, *(starts,) * 4)  # (SHORT off: never read)
+        lists = (starts, multi, piece_pos, multi_pos, *records, *(starts,) * 5)  # (SHORT, FLAGS off: never read)
         flags = dict(PIECE=4, BLOCK=16, RECORDS=True, SCALED=True)
         _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)
         counted = counts.tolist()
@@ -218,7 +218,7 @@ def test_piece_marks_list_short_runs_apart():
         starts, multi = torch.full((32,), -1, dtype=torch.int64), torch.full((8,), -1, dtype=torch.int64)
         positions = [torch.full((len(class_pos),), -1, dtype=torch.int64) for _ in range(4)]  # piece, multi, short, long
         short_index, long_index = (torch.full((32,), -1, dtype=torch.int32) for _ in range(2))
-        lists = (starts, multi, *positions[:2], *(starts,) * 6, short_index, long_index, *positions[2:])
+        lists = (starts, multi, *positions[:2], *(starts,) * 6, short_index, long_index, *positions[2:], starts)
         flags = dict(PIECE=4, BLOCK=16, RECORDS=False, SCALED=True, SHORT=2)
         args = (*operands, class_pos, len(class_pos) - 1)
         _piece_marks_kernel[(2,)](*args, counts, *lists, WRITE=False, **flags)

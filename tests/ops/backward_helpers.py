@@ -60,6 +60,19 @@ def build(optimizer, pooling="SUM", dtype=torch.float32, specs=SPECS, ftm=FEATUR
     return emb
 
 
+def train_steps(emb, steps, B, max_len, seed, hot, psw=False):
+    """``steps`` training steps of ``emb`` on ``make_bags`` batches (seeds ``seed``, ``seed`` +
+    1, ...) and gradients N(0, 1) seeded by the step; ``psw``: per-sample weights U(0, 1)
+    (no gradient). Returns ``emb``."""
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    for step in range(steps):
+        indices, offsets = make_bags(rows, B=B, max_len=max_len, seed=seed + step, hot_fraction=hot)
+        weights = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step)) if psw else None
+        out = emb(indices, offsets, weights)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
+    return emb
+
+
 def train_and_compare(emb, optimizer, steps=3, B=4, max_len=5, hot=0.3, weighted=False, **hyper):
     reference = ReferenceTrainer(emb, optimizer, **hyper)
     rows = [emb.table_rows[t] for t in emb.feature_table_map]

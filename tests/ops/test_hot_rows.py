@@ -11,7 +11,14 @@ from tbe_plugin.ops import embedding_backward, hot_product
 from tbe_plugin.ops.backward_launch import RunsLaunch
 from tbe_plugin.ops.indexing import META_COLS, META_ROW_BASE, META_ROWS
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, assert_step_close, build, cuda_zipf_steps, train_and_compare
+from tests.ops.backward_helpers import (
+    OPTIMIZERS,
+    assert_step_close,
+    build,
+    cuda_zipf_steps,
+    train_and_compare,
+    train_steps,
+)
 
 HOT = RunsLaunch(hot_rows=16, hot_sample=64, hot_min_ids=0)
 SPECS = [(40, 8), (25, 20), (60, 4)]
@@ -163,12 +170,7 @@ def test_hot_rows_bitwise_repeatable(monkeypatch):
     for _ in range(2):
         emb = build("ADAM", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
         emb.backward_launch = HOT
-        rows = [emb.table_rows[t] for t in emb.feature_table_map]
-        for step in range(3):
-            indices, offsets = make_bags(rows, B=8, max_len=9, seed=7 + step, hot_fraction=0.7)
-            out = emb(indices, offsets)
-            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
-        modules.append(emb)
+        modules.append(train_steps(emb, steps=3, B=8, max_len=9, seed=7, hot=0.7))
     assert_bitwise_equal(*modules)
     assert len(counted) == 6 and min(counted) > 0
 

@@ -13,7 +13,7 @@ from tbe_plugin.ops import embedding_backward, pieces_launch
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import plan_backward
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, build
+from tests.ops.backward_helpers import OPTIMIZERS, build, train_steps
 
 # Cells of 4 ids, groups of 2 cells (as test_backward_pieces' PIECES); eager, planned in the backward.
 PIECES = dataclasses.replace(
@@ -104,12 +104,7 @@ def test_training_is_bitwise_the_same(small_blocks, optimizer):
     for in_operands in (False, True):
         emb = build(optimizer, pooling="MEAN", learning_rate=0.05)
         emb.backward_launch = dataclasses.replace(PIECES, piece_short=2, marks_in_operands=in_operands)
-        rows = [emb.table_rows[t] for t in emb.feature_table_map]
-        for step in range(2):
-            indices, offsets = make_bags(rows, B=7, max_len=12, seed=20 + step, hot_fraction=0.8)
-            out = emb(indices, offsets)
-            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
-        trained.append(emb)
+        trained.append(train_steps(emb, steps=2, B=7, max_len=12, seed=20, hot=0.8))
     assert_bitwise_equal(*trained)
     assert not torch.equal(trained[0].weights, build(optimizer, pooling="MEAN").weights)
 

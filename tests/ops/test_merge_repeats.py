@@ -19,7 +19,14 @@ from tbe_plugin.ops.embedding_backward import plan_backward
 from tbe_plugin.ops.indexing import META_ROW_BASE
 from tbe_plugin.ops.positions import merged_positions, unpack_bags
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, assert_step_close, build, cuda_zipf_steps, train_and_compare
+from tests.ops.backward_helpers import (
+    OPTIMIZERS,
+    assert_step_close,
+    build,
+    cuda_zipf_steps,
+    train_and_compare,
+    train_steps,
+)
 
 EAGER = dataclasses.replace(runs_launch(), graph_max_ids=0, plan_in_forward=False)
 
@@ -153,13 +160,7 @@ def _train(launch, optimizer="EXACT_ROWWISE_ADAGRAD", pooling="SUM", steps=2, we
     """``steps`` steps of a fresh module; ``weighted``: per-sample weights (no gradient)."""
     emb = build(optimizer, pooling=pooling)
     emb.backward_launch = launch
-    rows = [emb.table_rows[t] for t in emb.feature_table_map]
-    for step in range(steps):
-        indices, offsets = make_bags(rows, B=5, max_len=9, seed=40 + step, hot_fraction=0.5)
-        psw = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(step))
-        out = emb(indices, offsets, psw if weighted else None)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
-    return emb
+    return train_steps(emb, steps=steps, B=5, max_len=9, seed=40, hot=0.5, psw=weighted)
 
 
 def test_bitwise_repeatable_and_the_same_planned_in_the_forward(merges):

@@ -4,6 +4,8 @@ On the CPU the padded path runs eagerly (``BackwardGraphs(capture=False)``): pad
 to its bucket must not change one bit of the step. The graphs themselves run on the device
 (``-m gpu``)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -81,6 +83,15 @@ def test_padding_to_the_bucket_changes_nothing(optimizer, dtype, pooling, weight
     for a, b in psw_grads:
         assert (a is None and b is None) or torch.equal(a, b)
     assert len(padded.backward_graphs) >= 1  # the padded path was taken
+
+
+def test_padded_path_with_the_marks_in_the_operands_changes_nothing():
+    """``RunsLaunch.marks_in_operands`` on a graph's padded batch (the padding sorts last as
+    the sentinel row, past the valid ids the marks end at): bitwise the plain path's step."""
+    launch = dataclasses.replace(FILLED, marks_in_operands=True, piece_short=2)
+    plain, padded, _ = train_pair("PARTIAL_ROWWISE_ADAM", launch=launch)
+    assert_bitwise_equal(plain, padded)
+    assert len(padded.backward_graphs) >= 1
 
 
 def test_when_the_padded_path_applies():
@@ -205,8 +216,10 @@ def test_least_recently_used_buckets_are_dropped():
 @pytest.mark.parametrize("optimizer, dtype, weighted, launch", [("EXACT_ROWWISE_ADAGRAD", "FP32", False, GRAPHED),
                                                                 ("ADAM", "FP16", True, GRAPHED),
                                                                 ("EXACT_ROWWISE_ADAGRAD", "FP32", True, IN_PLACE),
-                                                                ("ADAM", "FP16", True, FILLED)],
-                         ids=["copy", "copy-adam-fp16", "in-place", "filled-adam-fp16"])  # fmt: skip
+                                                                ("ADAM", "FP16", True, FILLED),
+                                                                ("EXACT_ROWWISE_ADAGRAD", "FP32", False,
+                                                                 dataclasses.replace(FILLED, marks_in_operands=True))],
+                         ids=["copy", "copy-adam-fp16", "in-place", "filled-adam-fp16", "filled-marks"])  # fmt: skip
 def test_graphed_backward_is_the_eager_one_on_cuda(optimizer, dtype, weighted, launch):
     """On the device: batches of B=512 (Zipf ids, two sizes sharing a bucket and one of
     another) through captured graphs give bitwise the eager step's tables, states and

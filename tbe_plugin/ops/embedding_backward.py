@@ -176,8 +176,11 @@ def _sorted_operands_kernel(
     dim = tl.load(meta + _META_DIM, mask=valid, other=0)
     local = row - tl.load(meta + _META_ROW_BASE, mask=valid, other=0)
     w_start = tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) + local * dim
-    tl.store(sorted_w_start_ptr + q, w_start, mask=valid)
-    tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=valid)
+    # With the marks, the row's start and D only where a piece starts (the pieces design reads
+    # them nowhere else): a run's other ids write no bytes for them.
+    starts = valid & piece if MARKS else valid
+    tl.store(sorted_w_start_ptr + q, w_start, mask=starts)
+    tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=starts)
     if UNPOOLED:
         grad_offset = p * grad_stride
     else:

@@ -109,6 +109,35 @@ def test_training_is_bitwise_the_same(small_blocks, optimizer):
     assert not torch.equal(trained[0].weights, build(optimizer, pooling="MEAN").weights)
 
 
+def test_a_runs_other_ids_need_no_row_start(small_blocks, monkeypatch):
+    """With the marks, the sorted-operands kernel writes a row's start and D only where a
+    piece starts: the backward reads them nowhere else. Poisoned everywhere else after the
+    plan, the step is still the default's, bit for bit."""
+    original = embedding_backward.plan_backward
+    poisoned = []
+
+    def poison(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        if plan.marks is not None:
+            n = plan.sorted_operands[0].numel()
+            elsewhere = torch.ones(n, dtype=torch.bool)
+            elsewhere[plan.marks.piece_starts[: int(plan.marks.class_piece_pos[-1])]] = False
+            plan.sorted_operands[1][elsewhere] = -(2**40)  # the row's start in the weights
+            plan.sorted_operands[2][elsewhere] = -(2**20)  # D
+            poisoned.append(int(elsewhere.sum()))
+        return plan
+
+    trained = []
+    for in_operands in (False, True):
+        emb = build("ADAM", learning_rate=0.05)
+        emb.backward_launch = dataclasses.replace(PIECES, piece_short=2, marks_in_operands=in_operands)
+        if in_operands:
+            monkeypatch.setattr(embedding_backward, "plan_backward", poison)
+        trained.append(train_steps(emb, steps=2, B=8, max_len=12, seed=30, hot=0.9))
+    assert_bitwise_equal(*trained)
+    assert len(poisoned) == 2 and min(poisoned) > 0
+
+
 def test_the_chunk_design_takes_no_marks():
     """``marks_in_operands`` is for the pieces design; the chunk design plans as without it."""
     emb = build("EXACT_ROWWISE_ADAGRAD")

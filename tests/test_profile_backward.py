@@ -35,11 +35,15 @@ def test_best_candidate_refuses_a_report_it_cannot_rank():
         best_candidate({"entries": [entry(1.0, default={"error": "compile"})]})
 
 
-def test_the_device_script_names_existing_candidates():
+@pytest.mark.parametrize("name", ["device_bwd_next.sh", "device_merge.sh"])
+def test_the_device_scripts_name_existing_candidates(name):
+    """A device call lost to a misspelt candidate costs minutes of the session's device time."""
     from pathlib import Path
     import re
 
-    script = (Path(__file__).resolve().parents[1] / "scripts" / "device_bwd_next.sh").read_text()
+    script = (Path(__file__).resolve().parents[1] / "scripts" / name).read_text()
     named = re.search(r"CANDIDATES=\$\{CANDIDATES:-([\w,]+)\}", script).group(1).split(",")
     assert "default" in named and len(named) >= 2  # HEAD's default against at least one other
     assert set(named) <= set(CANDIDATES)
+    for single in re.findall(r"CANDIDATE=\$\{CANDIDATE:-(\w+)\}", script):  # the end to end's and the suite's
+        assert single in CANDIDATES

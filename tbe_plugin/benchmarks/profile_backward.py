@@ -161,6 +161,8 @@ CANDIDATES = {
     # so that the marks kernel runs once, from them (RunsLaunch.marks_in_operands); with the merge too.
     "marks_in_operands": _launch(marks_in_operands=True),
     "merge32_in_place_marks": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True),
+    "merge_marks_any": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True,
+                               merge_min_ids=0),  # batches of any size (the CPU smoke runs)
 }
 
 

@@ -178,17 +178,19 @@ def test_training_app_trains_per_table_tables(tmp_path):
     assert metrics["steps"] == 6 and 0.0 <= metrics["auc"] <= 1.0 and metrics["log_loss"] > 0
 
 
-def test_smoke_run_under_a_candidate_launch(tmp_path):
+@pytest.mark.parametrize("candidate", ["hot16_any", "merge_marks_any"])
+def test_smoke_run_under_a_candidate_launch(tmp_path, candidate):
     """``--backward-launch``: every Triton TBE module of the sharded model takes the candidate
     (TorchRec keeps its lookups in a plain list, outside ``modules()``; and the backend is a
     config object: both once left the launch silently at the default). Here the hot rows
-    apart (``hot16_any``) under SparseDist: the losses still agree with FBGEMM's."""
+    apart (``hot16_any``), and a bag's repeats merged in place with the marks found beside
+    the operands (``merge_marks_any``), under SparseDist: the losses still agree with FBGEMM's."""
     command = [sys.executable, "-m", "pipelines.bench.e2e", "--smoke", "--out", str(tmp_path), "--pipelines",
-               "sparsedist", "--backward-launch", "hot16_any"]  # fmt: skip
+               "sparsedist", "--backward-launch", candidate]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "e2e.json").read_text())
     assert results["runs"]["triton/sparsedist"]["launch_modules"] >= 1
     assert results["runs"]["fbgemm/sparsedist"]["launch_modules"] == 0
-    assert results["settings"]["backward_launch"] == "hot16_any"
+    assert results["settings"]["backward_launch"] == candidate
     assert results["summary"]["sparsedist"]["loss_diff_backends"] < 1e-4

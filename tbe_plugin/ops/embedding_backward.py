@@ -334,8 +334,10 @@ def plan_backward(
     # The pieces design's marks found here too (RunsLaunch.marks_in_operands): the marks kernel then runs once.
     in_operands = launch.marks_in_operands and launch.design == "pieces"
     short = short_ids(launch, optimizer, pooling != Pooling.NONE, N) if in_operands else 0
-    flags = torch.empty(N + 1 if in_operands else 1, dtype=torch.int8, device=device)
-    counts = mark_counts(N, short, device) if in_operands else flags
+    if in_operands:
+        flags, counts = torch.empty(N + 1, dtype=torch.int8, device=device), mark_counts(N, short, device)
+    else:
+        flags = counts = sorted_dim  # never read: no allocation on the default path
     _sorted_operands_kernel[(cdiv(N + 1 if in_operands else N, SORTED_OPERANDS_BLOCK),)](
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         B, grad_shape[1], N, sentinel, flags, counts, total_rows, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
@@ -428,8 +430,8 @@ def backward_update(
         )  # fmt: skip
     while grad_output.stride(0) % align:
         align //= 2
-    _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, plan.scaled, align, total_rows, classes,
-                 launch, grad_cell)  # fmt: skip
+    _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, align, total_rows, classes, launch,
+                 grad_cell)  # fmt: skip
     return psw_grad
 
 
@@ -508,12 +510,12 @@ def _listed_chunks(sorted_rows, class_pos, per_class):
     return chunk_list, torch.searchsorted(chunk_list, class_pos)
 
 
-def _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, scaled, align, total_rows, classes,
-                 launch, grad_cell) -> None:  # fmt: skip
+def _launch_runs(grad_output, plan, weights, momentum1, momentum2, step, args, align, total_rows, classes, launch,
+                 grad_cell) -> None:  # fmt: skip
     """Steps 4 to 6 (``backward_runs``) on the batch's ``plan_backward``: per class of
     tables, the chunks; then per class the long runs' segment and group sums and the long
     runs themselves."""
-    sorted_operands = plan.sorted_operands
+    sorted_operands, scaled = plan.sorted_operands, plan.scaled
     sorted_rows = sorted_operands[0]
     device, N = weights.device, sorted_rows.numel()
     block_ds = list(classes[0::2])

@@ -91,6 +91,14 @@ def positions_window(offsets: torch.Tensor, num_indices: int, block: int) -> tor
 
 
 @triton.jit
+def pack_bag_factor(bag, factor):
+    """A bag (low 32 bits) and a factor's fp32 bits (high 32) in one int64 (``unpack_bags``
+    reads them apart; the sorted operands gather both with one 8-byte load)."""
+    bits = factor.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64)
+    return (bits << 32) | (bag.to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
 def _merged_positions_kernel(
     feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, psw_ptr, counts_ptr, rows_out_ptr, bag_out_ptr,
     scale_out_ptr, B, total_bags, num_indices, sentinel, packed_out_ptr,
@@ -136,8 +144,7 @@ def _merged_positions_kernel(
         tl.store(counts_ptr + block, tl.sum(keep.to(tl.int64), axis=0))
     else:
         tl.store(rows_out_ptr + p, tl.where(keep, key_row, sentinel), mask=inside)
-        bits = factor.to(tl.int32, bitcast=True).to(tl.int64)
-        tl.store(packed_out_ptr + p, (bits << 32) | (key_bag.to(tl.int64) & 0xFFFFFFFF), mask=keep)
+        tl.store(packed_out_ptr + p, pack_bag_factor(key_bag, factor), mask=keep)
 
 
 @triton.jit
@@ -153,10 +160,10 @@ def _compact_kernel(rows_ptr, bag_ptr, scale_ptr, totals_ptr, rows_out_ptr, pack
     keep = row >= 0
     kept = keep.to(tl.int64)
     place = tl.load(totals_ptr + block) - tl.sum(kept, axis=0) + tl.cumsum(kept, axis=0) - 1
-    bag = tl.load(bag_ptr + p, mask=keep, other=0).to(tl.int64)
-    bits = tl.load(scale_ptr + p, mask=keep, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    bag = tl.load(bag_ptr + p, mask=keep, other=0)
+    factor = tl.load(scale_ptr + p, mask=keep, other=0.0)
     tl.store(rows_out_ptr + place, row, mask=keep)
-    tl.store(packed_out_ptr + place, (bits << 32) | (bag & 0xFFFFFFFF), mask=keep)
+    tl.store(packed_out_ptr + place, pack_bag_factor(bag, factor), mask=keep)
 
 
 # Elements of _merged_positions_kernel's window comparison a program (positions x window):
@@ -189,22 +196,21 @@ def merged_positions(feature_meta, indices, offsets, per_sample_weights, B, tota
     window_starts = positions_window(offsets, N, block)
     rows = torch.empty(N, dtype=key_dtype, device=device)
     psw = per_sample_weights if per_sample_weights is not None else rows
-    flags = dict(MEAN=mean, WEIGHTED=per_sample_weights is not None, CHECK=bounds_check, BLOCK=block, WINDOW=window,
-                 COMPACT=compact, num_warps=MERGE_WARPS)  # fmt: skip
-    if not compact:
+    if compact:  # the kept count a block, each position's bag and factor apart; nothing packed yet
+        counts = torch.empty(programs, dtype=torch.int64, device=device)
+        bags = torch.empty(N, dtype=torch.int32, device=device)
+        scale = torch.empty(N, dtype=torch.float32, device=device)
+        packed = bags  # never written
+    else:  # each position's bag and factor packed; no counts
         packed = torch.empty(N, dtype=torch.int64, device=device)
-        _merged_positions_kernel[(programs,)](
-            feature_meta, indices, offsets, window_starts, psw, packed, rows, packed, packed, B, total_bags, N,
-            sentinel, packed, **flags,
-        )  # fmt: skip
-        return rows, packed
-    counts = torch.empty(programs, dtype=torch.int64, device=device)
-    bags = torch.empty(N, dtype=torch.int32, device=device)
-    scale = torch.empty(N, dtype=torch.float32, device=device)
+        counts = bags = scale = packed  # never written
     _merged_positions_kernel[(programs,)](
-        feature_meta, indices, offsets, window_starts, psw, counts, rows, bags, scale, B, total_bags, N,
-        sentinel, bags, **flags,
+        feature_meta, indices, offsets, window_starts, psw, counts, rows, bags, scale, B, total_bags, N, sentinel,
+        packed, MEAN=mean, WEIGHTED=per_sample_weights is not None, CHECK=bounds_check, BLOCK=block, WINDOW=window,
+        COMPACT=compact, num_warps=MERGE_WARPS,
     )  # fmt: skip
+    if not compact:
+        return rows, packed
     totals = torch.cumsum(counts, 0)
     kept = int(totals[-1])  # the host waits for the count: the sort takes its size from it
     out = (torch.empty(kept, dtype=key_dtype, device=device), torch.empty(kept, dtype=torch.int64, device=device))

@@ -6,14 +6,17 @@
 # (short_e256) and the marks found beside the operands (marks_in_operands), on ctr-dlrm,
 # long-bags and ctr-mix (batches of 2**20 ids or more: user-id's is graphed, unmerged),
 # FBGEMM's beside), then PARTS="e2e suite"
-# (~5 min: the end to end under SparseDist and staleness 1 and the kernel suite, both with
-# $CANDIDATE, merge32 by default; E2E_CANDIDATES="a b": the end to end with each). Results
-# under $OUT: device.txt, gpu_tests.log, profile_backward.json, e2e_<candidate>/e2e.{json,md},
-# suite_$CANDIDATE/backward.{json,md}.
+# (~5 min: the end to end under SparseDist and staleness 1 with $CANDIDATE and with the
+# default, then the kernel suite with $CANDIDATE; $CANDIDATE is the profile's best on the same
+# warm machine, else merge32; E2E_CANDIDATES="a b": the end to end with each). Results under
+# $OUT: device.txt, gpu_tests.log, profile_backward.json, best_candidate.txt,
+# e2e_<candidate>/e2e.{json,md}, suite_$CANDIDATE/backward.{json,md}.
 #   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> PARTS="tests profile" bash scripts/device_merge.sh
 source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
 PARTS=${PARTS:-tests profile e2e suite}
-CANDIDATE=${CANDIDATE:-merge32}
+# The best of the profile (profile_backward --best-of: FBGEMM's ms over ours, geomean over its
+# configs, results within 1e-3 of the default's), kept on the warm machine for the next call.
+CANDIDATE=${CANDIDATE:-$(cat /tmp/tbe_best_candidate 2>/dev/null || echo merge32)}
 CANDIDATES=${CANDIDATES:-default,merge32,merge32_in_place,merge64_in_place,short_e256,marks_in_operands}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
@@ -27,10 +30,12 @@ if part profile; then
   timeout ${PROFILE_TIMEOUT:-400} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
     --configs ${CONFIGS:-ctr-dlrm,long-bags,ctr-mix} --candidates "$CANDIDATES" 2>&1 \
     | grep -v "no entry for\|compatibility\|WARNING" | tail -12
+  python3 -m tbe_plugin.benchmarks.profile_backward --best-of "$OUT/profile_backward.json" > /tmp/tbe_best_candidate \
+    && echo "best: $(cat /tmp/tbe_best_candidate)" | tee "$OUT/best_candidate.txt"
 fi
 filter() { grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT"; }
 if part e2e; then
-  for c in ${E2E_CANDIDATES:-$CANDIDATE}; do  # a list: the end to end with each, in turn
+  for c in ${E2E_CANDIDATES:-$CANDIDATE default}; do  # a list: the end to end with each, in turn
     echo "=== e2e with $c $(date +%T)"
     timeout ${E2E_TIMEOUT:-100} python3 -m pipelines.bench.e2e --out "$OUT/e2e_$c" --pipelines sparsedist,stale1 \
       --backward-launch "$c" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense" | tail -10

@@ -42,6 +42,7 @@ from pipelines.bench.pipeline import (
     BALANCES, commit_line, device_init, dlrm_config, make_pipeline, plan_summary, profile_steps, provenance,
     release_memory, time_mode, versions,
 )  # fmt: skip
+from pipelines.bench.timeline import alone_and_shared, device_intervals, timeline_breakdown
 from pipelines.metrics import phase_of
 from tbe_plugin.benchmarks.common import markdown_table
 from tbe_plugin.workloads import Workload, ctr_tables_dlrm, skew_stats
@@ -126,6 +127,18 @@ def kernel_breakdown(records: List[Tuple[str, str, float]], steps: int, top: int
                     for (group, name), us in ranked]}  # fmt: skip
 
 
+def device_timeline(events: Any, steps: int) -> Dict[str, Any]:
+    """``timeline.timeline_breakdown`` of the profiled steps, kernels grouped as in the sums
+    (an error is recorded, not raised: the timing it comes after stands without it)."""
+    def group_of(name: str, host: Any) -> str:
+        return kernel_group(name, _op_chain(host) if host is not None else [])
+
+    try:
+        return timeline_breakdown(device_intervals(events, group_of), steps)
+    except Exception as error:  # noqa: BLE001 - a profiler whose events lack a field: say so
+        return {"error": f"{type(error).__name__}: {error}"[:300]}
+
+
 # The interpreter's backward takes milliseconds per lookup: ~1 id a bag keeps the smoke run short.
 SMOKE_MAX_POOLING = 1.0
 
@@ -172,6 +185,8 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
         events = profile_steps(runner, batches, args.profile_steps, device, warmup=1).events()  # warm: just timed
         run["profile"] = kernel_breakdown(kernel_records(events, on_cuda), args.profile_steps, args.top_kernels)
         run["profile"]["device_time"] = on_cuda
+        if on_cuda:
+            run["profile"]["timeline"] = device_timeline(events, args.profile_steps)
     del runner, dmp, optimizer
     return run
 
@@ -305,7 +320,25 @@ def _profile_lines(results: Dict[str, Any]) -> List[str]:
                 for k in prof["top"]]  # fmt: skip
         lines += ["", f"Top kernels, {backend} ({unit} per step):", "",
                   markdown_table(["kernel", "group", "ms", "%"], rows)]  # fmt: skip
-    return lines
+    return lines + _timeline_lines(profiles, steps)
+
+
+def _timeline_lines(profiles: Dict[str, Any], steps: int) -> List[str]:
+    timelines = {b: prof["timeline"] for b, prof in profiles.items() if "segments_ms" in prof.get("timeline", {})}
+    errors = [f"- {b}: {prof['timeline']['error']}" for b, prof in profiles.items()
+              if "error" in prof.get("timeline", {})]  # fmt: skip
+    if not timelines:
+        return ["", "Device timeline: not measured", *errors] if errors else []
+    names = list(timelines)
+    keys = sorted({k for t in timelines.values() for k in t["segments_ms"]},
+                  key=lambda k: -max(t["segments_ms"].get(k, 0.0) for t in timelines.values()))  # fmt: skip
+    rows = [[k] + [_fmt(timelines[b]["segments_ms"].get(k, 0.0), ".3f") for b in names] for k in keys]
+    rows.append(["window (first kernel's start to last one's end)"] + [_fmt(timelines[b]["window_ms"], ".3f")
+                                                                      for b in names])  # fmt: skip
+    alone = [[f"{g}: alone / beside others"] + ["{:.3f} / {:.3f}".format(*alone_and_shared(timelines[b], g))
+                                                for b in names] for g in (TBE_FORWARD, TBE_BACKWARD)]  # fmt: skip
+    return ["", f"Device timeline under {PROFILED_PIPELINE}, {steps} steps: ms per step by what ran (a group alone, "
+            f"groups at once, or nothing)", "", markdown_table(["ran"] + names, rows + alone), *errors]
 
 
 def write_results(results: Dict[str, Any], out: str) -> None:

@@ -1,0 +1,78 @@
+"""Where a step's device time goes on the timeline, not in sums of kernel durations.
+
+The end to end's per-group sums (``e2e.kernel_breakdown``) add every kernel's duration: a
+kernel on a side stream that runs beside a dense one counts in full, and so does the dense
+one, each slowed by the other. At 692138f our "TBE forward" summed 2.28 ms a step, the
+backward's plan included, most of it beside dense kernels: the sums (13.13 ms) exceeded the
+step (12.59). Here the profiled steps' device activity (kernels, copies, fills) is cut at
+every start and end into segments, and each segment goes to what ran during it: nothing
+(the device idle), one group alone, or several groups at once. A group's time alone is what
+the step would lose without it if the rest stayed as it is; overlapped time is shared.
+
+``timeline_breakdown(events, group_of, steps)`` takes a profiler's events (torch's
+``FunctionEvent``s: device ones carry ``time_range`` and ``linked_correlation_id``, the id of
+the host op that launched them) and ``group_of(kernel_name, host_event)`` (the end to end's
+``kernel_group`` over the host op's chain).
+"""
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from torch.autograd import DeviceType
+
+IDLE = "idle"
+# What joins the names of groups that ran at once ("TBE forward + dense").
+JOIN = " + "
+
+
+def device_intervals(events: Any, group_of: Callable[[str, Optional[Any]], str]) -> List[Tuple[float, float, str]]:
+    """(start us, end us, group) of every device event (kernel, copy, fill) in ``events``;
+    its group from its name and the host op that launched it (None where it links to none)."""
+    host = {}
+    device = []
+    for event in events:
+        if getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU:
+            host[event.id] = event
+        else:
+            device.append(event)
+    out = []
+    for event in device:
+        start, end = event.time_range.start, event.time_range.end
+        if end > start:
+            out.append((start, end, group_of(event.name, host.get(getattr(event, "linked_correlation_id", 0)))))
+    return out
+
+
+def timeline_breakdown(intervals: List[Tuple[float, float, str]], steps: int) -> Dict[str, Any]:
+    """Per step, ms of the window (first start to last end) split by what ran: ``idle``, a
+    group's name (it alone), or names joined by ``JOIN`` (sorted; those groups at once)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if not intervals:
+        return {"steps": steps, "window_ms": 0.0, "segments_ms": {}}
+    edges = sorted([(start, 1, group) for start, _, group in intervals] +
+                   [(end, -1, group) for _, end, group in intervals])  # fmt: skip
+    active: Dict[str, int] = {}
+    segments: Dict[str, float] = {}
+    last = edges[0][0]
+    for t, step, group in edges:
+        if t > last:
+            running = sorted(g for g, n in active.items() if n > 0)
+            key = JOIN.join(running) if running else IDLE
+            segments[key] = segments.get(key, 0.0) + (t - last)
+            last = t
+        active[group] = active.get(group, 0) + step
+    window = edges[-1][0] - edges[0][0]
+    per_step = {k: v / 1e3 / steps for k, v in sorted(segments.items(), key=lambda kv: -kv[1])}
+    return {"steps": steps, "window_ms": window / 1e3 / steps, "segments_ms": per_step}
+
+
+def alone_and_shared(breakdown: Dict[str, Any], group: str) -> Tuple[float, float]:
+    """(ms a step ``group`` ran alone, ms it ran beside other groups)."""
+    alone = shared = 0.0
+    for key, ms in breakdown.get("segments_ms", {}).items():
+        names = key.split(JOIN)
+        if names == [group]:
+            alone += ms
+        elif group in names:
+            shared += ms
+    return alone, shared

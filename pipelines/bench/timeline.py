@@ -34,11 +34,15 @@ def device_intervals(events: Any, group_of: Callable[[str, Optional[Any]], str])
             host[event.id] = event
         else:
             device.append(event)
-    out = []
+    out, linked = [], 0
     for event in device:
         start, end = event.time_range.start, event.time_range.end
+        launcher = host.get(getattr(event, "linked_correlation_id", 0))
+        linked += launcher is not None
         if end > start:
-            out.append((start, end, group_of(event.name, host.get(getattr(event, "linked_correlation_id", 0)))))
+            out.append((start, end, group_of(event.name, launcher)))
+    if device and not linked:  # grouped by name alone, FBGEMM's generic kernels would read as dense
+        raise ValueError(f"none of {len(device)} device events links to a host op (linked_correlation_id)")
     return out
 
 

@@ -63,6 +63,13 @@ def test_device_events_take_the_group_of_the_host_op_that_launched_them():
     assert "| TBE backward | 0.060 |" in lines and "| TBE forward: alone / beside others | 0.030 / 0.010 |" in lines
 
 
+def test_device_events_linked_to_no_host_op_are_an_error_not_a_guess():
+    with pytest.raises(ValueError, match="none of 2 device events links"):
+        device_intervals([_host(1, "aten::sort"), _kernel(2, "radix", 0, 5, 0), _kernel(3, "radix", 5, 9, 7)],
+                         lambda name, host: name)  # fmt: skip
+    assert "none of 1 device events" in device_timeline([_kernel(2, "radix", 0, 5, 0)], steps=1)["error"]
+
+
 def test_events_without_the_fields_are_reported_not_raised():
     broken = device_timeline([object()], steps=1)
     assert "error" in broken and "AttributeError" in broken["error"]

@@ -15,7 +15,8 @@
 source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
 PARTS=${PARTS:-tests profile e2e suite}
 # The best of the profile (profile_backward --best-of: FBGEMM's ms over ours, geomean over its
-# configs, results within 1e-3 of the default's), kept on the warm machine for the next call.
+# configs, among candidates within 1e-3 of the default's results and nowhere more than 2% slower
+# than it), kept on the warm machine for the next call.
 CANDIDATE=${CANDIDATE:-$(cat /tmp/tbe_best_candidate 2>/dev/null || echo merge32)}
 CANDIDATES=${CANDIDATES:-default,merge32,merge32_in_place,merge64_in_place,short_e256,marks_in_operands}
 part() { [[ " $PARTS " == *" $1 "* ]]; }

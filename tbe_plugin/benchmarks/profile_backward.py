@@ -276,17 +276,22 @@ def profile_config(cfg, optimizer: str, candidates: list[str], iters: int, with_
     return entry
 
 
-def best_candidate(report: dict, max_relative_diff: float = 1e-3) -> str:
+def best_candidate(report: dict, max_relative_diff: float = 1e-3, max_loss: float = 0.02) -> str:
     """The candidate with the best geometric mean of FBGEMM's backward ms over ours across
     the report's entries (those with FBGEMM's time), among candidates measured in every
-    one of them without error and within ``max_relative_diff`` of the first candidate."""
+    one of them without error, within ``max_relative_diff`` of the first candidate (the
+    reference, HEAD's default in the device scripts) and nowhere more than ``max_loss``
+    slower than it: a launch that becomes the default must not cost any profiled config
+    more than the noise (the reference itself always qualifies)."""
     entries = [e for e in report["entries"] if e.get("fbgemm_bwd_ms")]
     if not entries:
         raise ValueError("no entry with FBGEMM's backward time: nothing to rank candidates by")
     ratios: dict = {}
     for entry in entries:
+        reference = next(iter(entry["candidates"].values()), {}).get("bwd_ms")
         for name, result in entry["candidates"].items():
             ok = "bwd_ms" in result and result["relative_diff"] <= max_relative_diff
+            ok = ok and (reference is None or result["bwd_ms"] <= reference * (1 + max_loss))
             ratios.setdefault(name, []).append(entry["fbgemm_bwd_ms"] / result["bwd_ms"] if ok else None)
     complete = {n: r for n, r in ratios.items() if len(r) == len(entries) and None not in r}
     if not complete:

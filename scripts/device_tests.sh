@@ -25,6 +25,6 @@ awk -v s="$SHARD" -v n="$SHARDS" '(NR - 1) % n == s' "$OUT/ids.txt" > "$OUT/shar
     "workers: ${parallel[1]:-1}"
   cat "$OUT/shard.txt"; } > "$log"
 rm -f "$OUT/ids.txt"
-timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "${parallel[@]}" \
+timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rs --durations=15 ${parallel[@]+"${parallel[@]}"} \
   $(cat "$OUT/shard.txt") 2>&1 | tee -a "$log" | tail -25
 rm -f "$OUT/shard.txt"

@@ -16,7 +16,8 @@ and its ratio, the largest loss difference between backends (same semantics, sam
 weights and batches: only summation order differs) and within a backend between
 pipelines of equal semantics (k = 0 vs SparseDist, k = 1 vs SemiSync). Under SparseDist a
 few steps per backend are profiled: device time per step of TBE forward, TBE backward,
-dense and other kernels, and the top kernels (on CPU: ops' own CPU time instead).
+dense and other kernels, and the top kernels (on CPU: ops' own CPU time instead); on a GPU
+also their timeline (``timeline.py``: what ran alone, what ran at once, and the idle time).
 
 ``--smoke``: four of the tables shrunk, B=64, 2 steps, on CPU (gloo, Triton's interpreter).
 Results (JSON + markdown) record the commit and whether the tree was dirty, the device,

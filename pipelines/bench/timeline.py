@@ -9,10 +9,13 @@ every start and end into segments, and each segment goes to what ran during it: 
 (the device idle), one group alone, or several groups at once. A group's time alone is what
 the step would lose without it if the rest stayed as it is; overlapped time is shared.
 
-``timeline_breakdown(events, group_of, steps)`` takes a profiler's events (torch's
-``FunctionEvent``s: device ones carry ``time_range`` and ``linked_correlation_id``, the id of
-the host op that launched them) and ``group_of(kernel_name, host_event)`` (the end to end's
-``kernel_group`` over the host op's chain).
+``device_intervals(events, group_of)`` takes a profiler's events (torch's ``FunctionEvent``s:
+device ones carry ``time_range`` and ``linked_correlation_id``, the id of the host op that
+launched them) and ``group_of(kernel_name, host_event)`` (the end to end's ``kernel_group``
+over the host op's chain), and gives the intervals that ``timeline_breakdown(intervals,
+steps)`` cuts. Only kernels, copies and fills count: the device-side ranges of
+``record_function`` annotations (a whole phase, gaps included) and synchronizations are
+device events too, and are left out.
 """
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -20,6 +23,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from torch.autograd import DeviceType
 
 IDLE = "idle"
+# Kineto's activity types of device work; annotations ("gpu_user_annotation") and syncs
+# ("cuda_sync") are device events that occupy nothing.
+DEVICE_WORK = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+# Names of kineto's synchronization events, for profilers whose events carry no activity type.
+SYNC_SUFFIX = " Sync"
 # What joins the names of groups that ran at once ("TBE forward + dense").
 JOIN = " + "
 
@@ -30,20 +38,37 @@ def device_intervals(events: Any, group_of: Callable[[str, Optional[Any]], str])
     host = {}
     device = []
     for event in events:
-        if getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU:
-            host[event.id] = event
-        else:
+        if getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU:
             device.append(event)
+        elif not getattr(event, "is_async", False) and not getattr(event, "linked_correlation_id", 0) \
+                and event.id > 0:  # fmt: skip
+            # Ops (torch's frontend events), as torch links kernels to them: not the runtime's
+            # calls (cudaLaunchKernel: linked, numbered by CUPTI), not Python frames (id 0).
+            host[event.id] = event
     out, linked = [], 0
     for event in device:
-        start, end = event.time_range.start, event.time_range.end
         launcher = host.get(getattr(event, "linked_correlation_id", 0))
+        if not _is_work(event, launcher):
+            continue
         linked += launcher is not None
+        start, end = event.time_range.start, event.time_range.end
         if end > start:
             out.append((start, end, group_of(event.name, launcher)))
-    if device and not linked:  # grouped by name alone, FBGEMM's generic kernels would read as dense
-        raise ValueError(f"none of {len(device)} device events links to a host op (linked_correlation_id)")
+    if out and not linked:  # grouped by name alone, FBGEMM's generic kernels would read as dense
+        raise ValueError(f"none of {len(out)} device events links to a host op (linked_correlation_id)")
     return out
+
+
+def _is_work(event: Any, launcher: Optional[Any]) -> bool:
+    """A kernel, copy or fill, not an annotation's device range or a synchronization."""
+    kind = getattr(event, "activity_type", None)
+    if kind is not None:
+        return kind in DEVICE_WORK
+    if getattr(event, "is_user_annotation", False):
+        return False
+    if launcher is not None and event.name == launcher.name:  # an annotation's range, named as its op
+        return False
+    return not event.name.endswith(SYNC_SUFFIX)
 
 
 def timeline_breakdown(intervals: List[Tuple[float, float, str]], steps: int) -> Dict[str, Any]:

@@ -63,6 +63,30 @@ def test_device_events_take_the_group_of_the_host_op_that_launched_them():
     assert "| TBE backward | 0.060 |" in lines and "| TBE forward: alone / beside others | 0.030 / 0.010 |" in lines
 
 
+def test_only_kernels_copies_and_fills_occupy_the_device():
+    """Annotation ranges and syncs are device events too: counted, TBE forward alone would vanish
+    under the phase's range (a review found it)."""
+    step = _host(1, "## forward ##")
+    lookup = _host(2, "tbe_plugin::lookup", step)
+    gemm = _host(3, "aten::addmm", step)
+    runtime = FunctionEvent(id=2, name="cudaLaunchKernel", thread=0, start_us=0, end_us=1, device_type=DeviceType.CPU,
+                            linked_correlation_id=77)  # CUPTI's numbering: its id may equal an op's
+    runtime.cpu_parent = _host(9, "aten::empty")
+    frame = FunctionEvent(id=0, name="train.py(12): step", thread=0, start_us=0, end_us=1, device_type=DeviceType.CPU)
+    typed = [_kernel(10, "_warp_pooled_forward_kernel", 0, 40, 2), _kernel(11, "gemm", 40, 90, 3),
+             _kernel(12, "## forward ##", 0, 100, 1), _kernel(13, "Context Sync", 90, 100, 0)]  # fmt: skip
+    for event, kind in zip(typed, ("kernel", "kernel", "gpu_user_annotation", "cuda_sync")):
+        event.activity_type = kind
+    expected = {TBE_FORWARD: 0.04, DENSE: 0.05}
+    events = [step, lookup, gemm, runtime, frame] + typed
+    assert device_timeline(events, steps=1)["segments_ms"] == pytest.approx(expected)
+    for event in typed:  # a profiler without activity types: the annotation by its op's name, the sync by its name
+        event.activity_type = None
+    assert device_timeline(events, steps=1)["segments_ms"] == pytest.approx(expected)
+    typed[2].name, typed[2].is_user_annotation = "a range", True
+    assert device_timeline(events, steps=1)["segments_ms"] == pytest.approx(expected)
+
+
 def test_device_events_linked_to_no_host_op_are_an_error_not_a_guess():
     with pytest.raises(ValueError, match="none of 2 device events links"):
         device_intervals([_host(1, "aten::sort"), _kernel(2, "radix", 0, 5, 0), _kernel(3, "radix", 5, 9, 7)],

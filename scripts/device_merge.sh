@@ -16,8 +16,11 @@ source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
 PARTS=${PARTS:-tests profile e2e suite}
 # The best of the profile (profile_backward --best-of: FBGEMM's ms over ours, geomean over its
 # configs, among candidates within 1e-3 of the default's results and nowhere more than 2% slower
-# than it), kept on the warm machine for the next call.
-CANDIDATE=${CANDIDATE:-$(cat /tmp/tbe_best_candidate 2>/dev/null || echo merge32)}
+# than it), kept on the warm machine for the next call; read again after this call's profile.
+BEST=/tmp/tbe_best_candidate
+best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-merge32}"; }
+CHOSEN=${CANDIDATE:-}
+CANDIDATE=${CHOSEN:-$(best)}
 CANDIDATES=${CANDIDATES:-default,merge32,merge32_in_place,merge64_in_place,short_e256,marks_in_operands}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
@@ -31,12 +34,16 @@ if part profile; then
   timeout ${PROFILE_TIMEOUT:-400} python3 -m tbe_plugin.benchmarks.profile_backward --out "$OUT" \
     --configs ${CONFIGS:-ctr-dlrm,long-bags,ctr-mix} --candidates "$CANDIDATES" 2>&1 \
     | grep -v "no entry for\|compatibility\|WARNING" | tail -12
-  python3 -m tbe_plugin.benchmarks.profile_backward --best-of "$OUT/profile_backward.json" > /tmp/tbe_best_candidate \
-    && echo "best: $(cat /tmp/tbe_best_candidate)" | tee "$OUT/best_candidate.txt"
+  # Written only when the ranking succeeds (a failed one leaves the last good pick or none).
+  python3 -m tbe_plugin.benchmarks.profile_backward --best-of "$OUT/profile_backward.json" > "$BEST.new" \
+    && [ -s "$BEST.new" ] && mv "$BEST.new" "$BEST" && echo "best: $(cat "$BEST")" | tee "$OUT/best_candidate.txt"
+  rm -f "$BEST.new"
+  CANDIDATE=${CHOSEN:-$(best)}
 fi
 filter() { grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT"; }
 if part e2e; then
-  for c in ${E2E_CANDIDATES:-$CANDIDATE default}; do  # a list: the end to end with each, in turn
+  # A list: the end to end with each, in turn (the default once, when it is the pick).
+  for c in $(echo ${E2E_CANDIDATES:-$CANDIDATE default} | tr ' ' '\n' | awk '!seen[$0]++'); do
     echo "=== e2e with $c $(date +%T)"
     timeout ${E2E_TIMEOUT:-100} python3 -m pipelines.bench.e2e --out "$OUT/e2e_$c" --pipelines sparsedist,stale1 \
       --backward-launch "$c" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense" | tail -10

@@ -25,6 +25,13 @@ awk -v s="$SHARD" -v n="$SHARDS" '(NR - 1) % n == s' "$OUT/ids.txt" > "$OUT/shar
     "workers: ${parallel[1]:-1}"
   cat "$OUT/shard.txt"; } > "$log"
 rm -f "$OUT/ids.txt"
+if [ ! -s "$OUT/shard.txt" ]; then  # pytest without test ids would run the whole tests/ directory
+  echo "device_tests.sh: no GPU test in shard $SHARD of $SHARDS (did the collection fail?)" | tee -a "$log" >&2
+  rm -f "$OUT/shard.txt"
+  exit 1
+fi
 timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rs --durations=15 ${parallel[@]+"${parallel[@]}"} \
   $(cat "$OUT/shard.txt") 2>&1 | tee -a "$log" | tail -25
+status=${PIPESTATUS[0]}
 rm -f "$OUT/shard.txt"
+exit "$status"

@@ -10,7 +10,8 @@ kernels) for each candidate launch (``CANDIDATES``: ``RunsLaunch`` values, passe
 
 ``--best-of DIR/profile_backward.json`` prints the candidate whose backward time, over the
 entries of that file, has the best geometric mean ratio to FBGEMM's (candidates that
-failed or moved the tables by more than 1e-3 of their scale excluded);
+failed, moved the tables by more than 1e-3 of their scale or took more than 2% longer than
+the first candidate on any entry excluded);
 ``--suite-with NAME -- ARGS`` runs the backward suite (``backward.py ARGS``) with our
 modules under candidate NAME, and writes DIR/suite_launch.json (the launch, commit).
 """
@@ -282,16 +283,18 @@ def best_candidate(report: dict, max_relative_diff: float = 1e-3, max_loss: floa
     one of them without error, within ``max_relative_diff`` of the first candidate (the
     reference, HEAD's default in the device scripts) and nowhere more than ``max_loss``
     slower than it: a launch that becomes the default must not cost any profiled config
-    more than the noise (the reference itself always qualifies)."""
+    more than the noise. An entry where the reference failed excludes every candidate."""
     entries = [e for e in report["entries"] if e.get("fbgemm_bwd_ms")]
     if not entries:
         raise ValueError("no entry with FBGEMM's backward time: nothing to rank candidates by")
     ratios: dict = {}
     for entry in entries:
+        # Without the reference's time (it failed) nothing in the entry can be compared: no
+        # candidate is measured in all entries then.
         reference = next(iter(entry["candidates"].values()), {}).get("bwd_ms")
         for name, result in entry["candidates"].items():
-            ok = "bwd_ms" in result and result["relative_diff"] <= max_relative_diff
-            ok = ok and (reference is None or result["bwd_ms"] <= reference * (1 + max_loss))
+            ok = reference is not None and "bwd_ms" in result and result["relative_diff"] <= max_relative_diff
+            ok = ok and result["bwd_ms"] <= reference * (1 + max_loss)
             ratios.setdefault(name, []).append(entry["fbgemm_bwd_ms"] / result["bwd_ms"] if ok else None)
     complete = {n: r for n, r in ratios.items() if len(r) == len(entries) and None not in r}
     if not complete:

@@ -45,9 +45,12 @@ def device_intervals(events: Any, group_of: Callable[[str, Optional[Any]], str])
             # Ops (torch's frontend events), as torch links kernels to them: not the runtime's
             # calls (cudaLaunchKernel: linked, numbered by CUPTI), not Python frames (id 0).
             host[event.id] = event
+    by_kernel = _launchers_by_kernel(host.values(), device)
     out, linked = [], 0
-    for event in device:
+    for event in sorted(device, key=lambda e: e.time_range.start):
         launcher = host.get(getattr(event, "linked_correlation_id", 0))
+        if launcher is None and by_kernel:
+            launcher = _pop(by_kernel, (event.name, event.time_range.end - event.time_range.start))
         if not _is_work(event, launcher):
             continue
         linked += launcher is not None
@@ -57,6 +60,27 @@ def device_intervals(events: Any, group_of: Callable[[str, Optional[Any]], str])
     if out and not linked:  # grouped by name alone, FBGEMM's generic kernels would read as dense
         raise ValueError(f"none of {len(out)} device events links to a host op (linked_correlation_id)")
     return out
+
+
+def _launchers_by_kernel(host: Any, device: List[Any]) -> Dict[Tuple[str, float], List[Any]]:
+    """Where the device events carry no link (torch before ``FunctionEvent.linked_correlation_id``):
+    each host op under the (name, duration) of every kernel torch appended to it (``kernels``:
+    the same name and the same end-minus-start as the device event), in the order of the ops'
+    starts; empty where the links are there."""
+    if any(getattr(event, "linked_correlation_id", 0) for event in device):
+        return {}
+    found: Dict[Tuple[str, float], List[Any]] = {}
+    for op in sorted(host, key=lambda e: e.time_range.start):
+        for kernel in getattr(op, "kernels", ()):
+            found.setdefault((kernel.name, kernel.duration), []).append(op)
+    for ops in found.values():
+        ops.reverse()  # popped from the end: the earliest op first
+    return found
+
+
+def _pop(found: Dict[Tuple[str, float], List[Any]], key: Tuple[str, float]) -> Optional[Any]:
+    ops = found.get(key)
+    return ops.pop() if ops else None
 
 
 def _is_work(event: Any, launcher: Optional[Any]) -> bool:

@@ -87,6 +87,22 @@ def test_only_kernels_copies_and_fills_occupy_the_device():
     assert device_timeline(events, steps=1)["segments_ms"] == pytest.approx(expected)
 
 
+def test_without_links_kernels_find_their_op_by_name_and_duration():
+    """torch 2.11 (the device's) sets no linked_correlation_id on device events; the ops still list
+    their kernels with the same name and duration (the H200 run at cd7e699 found no link)."""
+    step = _host(1, "## forward ##")
+    lookup, gemm, update = _host(2, "tbe_plugin::lookup", step), _host(3, "aten::addmm", step), _host(
+        4, "tbe_plugin::fused_update", _host(5, "autograd::engine::evaluate_function: _FusedLookupBackward"))
+    lookup.time_range.start, gemm.time_range.start, update.time_range.start = 0, 1, 2
+    kernels = [_kernel(10, "_warp_pooled_forward_kernel", 0, 40, 0), _kernel(11, "gemm", 40, 90, 0),
+               _kernel(12, "gemm", 100, 150, 0), _kernel(13, "_pieces_kernel", 150, 170, 0)]  # fmt: skip
+    for op, k in ((lookup, kernels[0]), (gemm, kernels[1]), (update, kernels[2]), (update, kernels[3])):
+        op.append_kernel(k.name, 0, k.time_range.end - k.time_range.start)  # as torch's parser does
+    out = device_timeline([step, lookup, gemm, update] + kernels, steps=1)["segments_ms"]
+    # the second gemm, in the update op (same name and duration as the first): the backward's
+    assert out == pytest.approx({TBE_FORWARD: 0.04, DENSE: 0.05, TBE_BACKWARD: 0.07, IDLE: 0.01})
+
+
 def test_device_events_linked_to_no_host_op_are_an_error_not_a_guess():
     with pytest.raises(ValueError, match="none of 2 device events links"):
         device_intervals([_host(1, "aten::sort"), _kernel(2, "radix", 0, 5, 0), _kernel(3, "radix", 5, 9, 7)],

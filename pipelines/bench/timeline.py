@@ -44,7 +44,11 @@ def device_intervals(events: Any, group_of: Callable[[str, Optional[Any]], str])
                 and event.id > 0:  # fmt: skip
             # Ops (torch's frontend events), as torch links kernels to them: not the runtime's
             # calls (cudaLaunchKernel: linked, numbered by CUPTI), not Python frames (id 0).
-            host[event.id] = event
+            # Without links (torch 2.11) the runtime's events inside an op share its id and its
+            # kernels: the op is the earliest to start.
+            known = host.get(event.id)
+            if known is None or event.time_range.start < known.time_range.start:
+                host[event.id] = event
     by_kernel = _launchers_by_kernel(host.values(), device)
     out, linked = [], 0
     for event in sorted(device, key=lambda e: e.time_range.start):

@@ -135,11 +135,11 @@ class KernelSpeed:
         return cls(pystatistics.median(speeds["fwd"]), pystatistics.median(speeds["bwd"]), source)
 
 
-KERNEL_BENCHMARK = "backward_h200_692138f.json"
-"""The backward suite measured on an H200 at 692138f (the default kernels of 0af9a91: the pieces backward with
-runs of up to 16 ids in a launch of their own, for every optimizer, tiles up to 256 columns; graphs in place with
-their inputs filled in the graph up to 2**20 ids; the lean warp-a-bag forward, FLAT 4, for bags of 13 ids and more,
-per-sample weights and bf16 rows included; 22 configs, ctr-dlrm among them; results/NOTES_2026-12-04c.md)."""
+KERNEL_BENCHMARK = "backward_h200_cd7e699.json"
+"""The backward suite measured on an H200 at cd7e699 (the default kernels of 692138f and 0af9a91: the pieces
+backward with runs of up to 16 ids in a launch of their own, for every optimizer, tiles up to 256 columns; graphs in
+place with their inputs filled in the graph up to 2**20 ids; the lean warp-a-bag forward, FLAT 4, for bags of 13 ids
+and more, per-sample weights and bf16 rows included; 22 configs, ctr-dlrm among them; results/NOTES_2026-12-05.md)."""
 
 
 def default_kernel_benchmark() -> str:

@@ -41,6 +41,7 @@ import torch
 
 from pipelines.app.config import DataConfig, ModelConfig, OptimizerConfig, ShardingConfig, TablesConfig, TrainConfig
 from pipelines.app.model import init_tables
+from pipelines.bench.timeline import JOIN, segments
 from tbe_plugin.benchmarks.report import git_state
 
 # Per balance: tables, pooling factor, dense MLP and over MLP. The costs they aim at
@@ -260,36 +261,17 @@ def time_mode(
 
 def stream_summary(trace_path: str) -> Dict[str, Any]:
     """From a Chrome trace: per CUDA stream the busy time (union of its kernels and copies),
-    the time two or more streams were busy at once, and the window, all in ms."""
+    the time two or more streams were busy at once, and the window, all in ms
+    (``timeline.segments``, streams as the groups)."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    spans: Dict[str, List[List[float]]] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            spans.setdefault(str(e.get("args", {}).get("stream", e.get("tid"))), []).append(
-                [e["ts"], e["ts"] + e["dur"]])
-
-    def union(intervals: List[List[float]]) -> List[List[float]]:
-        merged: List[List[float]] = []
-        for a, b in sorted(intervals):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        return merged
-
-    per_stream = {s: union(v) for s, v in spans.items()}
-    busy = {s: sum(b - a for a, b in v) / 1e3 for s, v in per_stream.items()}
-    edges = sorted([(a, 1) for v in per_stream.values() for a, _ in v] + [(b, -1) for v in per_stream.values()
-                                                                            for _, b in v])  # fmt: skip
-    overlap, depth, last = 0.0, 0, None
-    for t, step in edges:
-        if depth >= 2 and last is not None:
-            overlap += t - last
-        depth, last = depth + step, t
-    window = (max(b for v in per_stream.values() for _, b in v) - min(a for v in per_stream.values()
-                                                                       for a, _ in v)) / 1e3  # fmt: skip
-    return {"busy_ms_per_stream": busy, "overlap_ms": overlap / 1e3, "window_ms": window}
+    intervals = [(e["ts"], e["ts"] + e["dur"], str(e.get("args", {}).get("stream", e.get("tid"))))
+                 for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    found, window = segments(intervals)
+    streams = {stream for _, _, stream in intervals}
+    busy = {s: sum(us for key, us in found.items() if s in key.split(JOIN)) / 1e3 for s in streams}
+    overlap = sum(us for key, us in found.items() if JOIN in key)
+    return {"busy_ms_per_stream": busy, "overlap_ms": overlap / 1e3, "window_ms": window / 1e3}
 
 
 def profile_steps(runner, batches: List[Any], steps: int, device: torch.device, warmup: int = 3):

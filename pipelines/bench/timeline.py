@@ -99,27 +99,35 @@ def _is_work(event: Any, launcher: Optional[Any]) -> bool:
     return not event.name.endswith(SYNC_SUFFIX)
 
 
-def timeline_breakdown(intervals: List[Tuple[float, float, str]], steps: int) -> Dict[str, Any]:
-    """Per step, ms of the window (first start to last end) split by what ran: ``idle``, a
-    group's name (it alone), or names joined by ``JOIN`` (sorted; those groups at once)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+def segments(intervals: List[Tuple[float, float, str]]) -> Tuple[Dict[str, float], float]:
+    """The window (first start to last end) of ``intervals`` cut at every start and end: the
+    time (in the intervals' unit) of each ``idle``, group alone, or groups at once (names
+    sorted, joined by ``JOIN``), and the window's length. Nested or overlapping intervals
+    of one group count once."""
     if not intervals:
-        return {"steps": steps, "window_ms": 0.0, "segments_ms": {}}
+        return {}, 0.0
     edges = sorted([(start, 1, group) for start, _, group in intervals] +
                    [(end, -1, group) for _, end, group in intervals])  # fmt: skip
     active: Dict[str, int] = {}
-    segments: Dict[str, float] = {}
+    found: Dict[str, float] = {}
     last = edges[0][0]
     for t, step, group in edges:
         if t > last:
             running = sorted(g for g, n in active.items() if n > 0)
             key = JOIN.join(running) if running else IDLE
-            segments[key] = segments.get(key, 0.0) + (t - last)
+            found[key] = found.get(key, 0.0) + (t - last)
             last = t
         active[group] = active.get(group, 0) + step
-    window = edges[-1][0] - edges[0][0]
-    per_step = {k: v / 1e3 / steps for k, v in sorted(segments.items(), key=lambda kv: -kv[1])}
+    return found, edges[-1][0] - edges[0][0]
+
+
+def timeline_breakdown(intervals: List[Tuple[float, float, str]], steps: int) -> Dict[str, Any]:
+    """Per step, ms of the window (first start to last end, intervals in us) split by what
+    ran (``segments``), largest first."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    found, window = segments(intervals)
+    per_step = {k: v / 1e3 / steps for k, v in sorted(found.items(), key=lambda kv: -kv[1])}
     return {"steps": steps, "window_ms": window / 1e3 / steps, "segments_ms": per_step}
 
 

@@ -128,15 +128,21 @@ def _piece_marks_kernel(
     piece_marks = piece.to(tl.int32)
     multi_marks = multi.to(tl.int32)
     short_marks = short.to(tl.int32)
+    # The three marks packed in one int32 (pieces and short runs at most BLOCK <= 2**11 - 1 a
+    # block, 11 bits each; multi runs at most BLOCK / PIECE + 1, 10 bits): one sum and one
+    # running sum for the three instead of three of each.
+    tl.static_assert(BLOCK < 2048, "the packed marks hold at most 2047 pieces a block")
+    packed = piece_marks + (short_marks << 11) + (multi_marks << 22)
     blocks = tl.num_programs(0)
     if WRITE:
+        rank = tl.cumsum(packed, axis=0) - packed  # each mark's rank in its block, all three kinds
         piece_base = tl.load(counts_ptr + block - 1, mask=block > 0, other=0)
         multi_base = tl.load(counts_ptr + blocks + block - 1) - tl.load(counts_ptr + blocks - 1)
-        piece_index = piece_base + tl.cumsum(piece_marks, axis=0) - piece_marks
+        piece_index = piece_base + (rank & 0x7FF)
         tl.store(piece_starts_ptr + piece_index, q, mask=piece)
         if SHORT > 0:
             short_base = tl.load(counts_ptr + 2 * blocks + block - 1) - tl.load(counts_ptr + 2 * blocks - 1)
-            short_index = short_base + tl.cumsum(short_marks, axis=0) - short_marks
+            short_index = short_base + ((rank >> 11) & 0x7FF)
             # Both kinds by their index in the piece list (a piece stops where the next starts).
             tl.store(short_index_ptr + short_index, piece_index, mask=short)
             tl.store(long_index_ptr + piece_index - short_index, piece_index, mask=piece & inside & ~short)
@@ -151,7 +157,7 @@ def _piece_marks_kernel(
                      mask=real)  # fmt: skip
             if SCALED:
                 tl.store(piece_scale_ptr + piece_index, tl.load(sorted_scale_ptr + q, mask=real, other=1.0), mask=real)
-        tl.store(multi_heads_ptr + multi_base + tl.cumsum(multi_marks, axis=0) - multi_marks, q, mask=multi)
+        tl.store(multi_heads_ptr + multi_base + (rank >> 22), q, mask=multi)
         first_q = block.to(tl.int64) * BLOCK
         for k in range(0, num_classes + 1):  # the few bounds; only their blocks sum
             bound = tl.load(class_pos_ptr + k)
@@ -165,10 +171,11 @@ def _piece_marks_kernel(
                     tl.store(class_short_pos_ptr + k, short_before)
                     tl.store(class_long_pos_ptr + k, pieces_before - short_before)
     else:
-        tl.store(counts_ptr + block, tl.sum(piece_marks, axis=0))
-        tl.store(counts_ptr + blocks + block, tl.sum(multi_marks, axis=0))
+        total = tl.sum(packed, axis=0)
+        tl.store(counts_ptr + block, total & 0x7FF)
+        tl.store(counts_ptr + blocks + block, total >> 22)
         if SHORT > 0:
-            tl.store(counts_ptr + 2 * blocks + block, tl.sum(short_marks, axis=0))
+            tl.store(counts_ptr + 2 * blocks + block, (total >> 11) & 0x7FF)
 
 
 @triton.jit

@@ -16,11 +16,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from tbe_plugin.ops.bounds import validate_forward_inputs
+from tbe_plugin.ops.bounds import validate_forward_inputs, warn_once
 from tbe_plugin.ops.optimizers import Optimizer, WeightDecay
 from tbe_plugin.ops.training import (
     LookupConfig,
     UpdateConfig,
+    forward_positions_for,
     fused_update,
     plan_in_forward,
     merge_bounds_status_op,
@@ -29,7 +30,7 @@ from tbe_plugin.ops.training import (
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, profiled, vector_alignment
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes, runs_launch
-from tbe_plugin.ops.embedding_forward import tbe_forward
+from tbe_plugin.ops.embedding_forward import launch_forward, tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
     META_DIM,
@@ -483,11 +484,20 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             return self._compiled_training_lookup(indices, offsets, per_sample_weights)
         return _FusedLookup.apply(self.placeholder_autograd_tensor, per_sample_weights, self, indices, offsets)
 
-    def _lookup(self, indices, offsets, per_sample_weights):
+    def _lookup(self, indices, offsets, per_sample_weights, positions=None):
         with profiled("tbe_plugin::lookup"):  # a profiler range: phase times
-            return self._forward_kernels(indices, offsets, per_sample_weights)
+            return self._forward_kernels(indices, offsets, per_sample_weights, positions)
 
-    def _forward_kernels(self, indices, offsets, per_sample_weights):
+    def _forward_kernels(self, indices, offsets, per_sample_weights, positions=None):
+        """The forward kernels; ``positions`` (eager training, ``_forward_positions``): the
+        backward's positions written beside the output."""
+        if positions is not None:
+            mode = int(self.bounds_check_mode)
+            out = launch_forward(self.weights, self.feature_meta, indices, offsets, per_sample_weights,
+                                 self.bounds_check_status, self.feature_dims, int(self.pooling_mode), mode,
+                                 self.output_dtype, self._align, positions)  # fmt: skip
+            warn_once(self.bounds_check_status, mode)
+            return out
         return tbe_forward(
             self.weights,
             self.feature_meta,
@@ -539,16 +549,28 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
             )  # fmt: skip
         return psw_grad if psw_requires_grad else None
 
+    def _forward_positions(self, indices, offsets, per_sample_weights, psw_requires_grad):
+        """Buffers for the backward's positions, which the forward then writes
+        (``RunsLaunch.forward_positions``), or None."""
+        launch = self.backward_launch or runs_launch()
+        if not (launch.plan_in_forward and launch.forward_positions):
+            return None  # (first: small batches' steps are host-bound)
+        return forward_positions_for(self.feature_meta, sum(self.table_rows), indices, offsets, per_sample_weights,
+                                     psw_requires_grad, int(self.pooling_mode), self.backward_launch,
+                                     self.backward_graphs)  # fmt: skip
+
     @torch.no_grad()
-    def _plan_backward(self, indices, offsets, per_sample_weights, psw_requires_grad, output):
+    def _plan_backward(self, indices, offsets, per_sample_weights, psw_requires_grad, output, positions=None):
         """The backward's id-only part, started beside what follows the lookup
-        (``RunsLaunch.plan_in_forward``); None where the backward plans by itself."""
+        (``RunsLaunch.plan_in_forward``); None where the backward plans by itself.
+        ``positions``: those the forward wrote (``_forward_positions``)."""
         if not (self.backward_launch or runs_launch()).plan_in_forward:
             return None  # (first: small batches' steps are host-bound)
         max_dim, total_rows, _, pooling, check, optimizer = self._training_config()[:6]
         return plan_in_forward(
             self.feature_meta, total_rows, max_dim, indices, offsets, per_sample_weights, psw_requires_grad,
             pooling, check, optimizer, output.shape, self.backward_launch, self._row_classes, self.backward_graphs,
+            positions,
         )  # fmt: skip
 
     def _compiled_training_lookup(self, indices, offsets, per_sample_weights):
@@ -580,8 +602,10 @@ class _FusedLookup(torch.autograd.Function):
     def forward(ctx, placeholder, per_sample_weights, module, indices, offsets):
         ctx.module = module
         ctx.save_for_backward(indices, offsets, per_sample_weights)
-        output = module._lookup(indices, offsets, per_sample_weights)
-        ctx.plan = module._plan_backward(indices, offsets, per_sample_weights, ctx.needs_input_grad[1], output)
+        positions = module._forward_positions(indices, offsets, per_sample_weights, ctx.needs_input_grad[1])
+        output = module._lookup(indices, offsets, per_sample_weights, positions)
+        ctx.plan = module._plan_backward(indices, offsets, per_sample_weights, ctx.needs_input_grad[1], output,
+                                         positions)  # fmt: skip
         return output
 
     @staticmethod

@@ -74,7 +74,14 @@ from tbe_plugin.ops.pieces_launch import (
     piece_marks,
     short_ids,
 )
-from tbe_plugin.ops.positions import bag_length, bag_rows, merged_positions, positions_window
+from tbe_plugin.ops.positions import (
+    ForwardPositions,
+    bag_length,
+    bag_rows,
+    merged_positions,
+    positions_window,
+    repair_positions,
+)
 from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
 
 
@@ -267,13 +274,15 @@ def plan_backward(
     classes: Optional[Sequence[int]] = None,
     max_dim: int = 0,
     graphed: bool = False,
+    forward_positions: Optional[ForwardPositions] = None,
 ) -> BackwardPlan:
     """Steps 1 to 3 of the backward and the pieces design's marks: each id's global row,
     bag and factor, their stable sort, the sorted operands, where each class begins.
     ``grad_shape``: the rows and row stride of the output gradient to come (contiguous:
     the forward output's shape); ``classes`` and ``max_dim`` as ``backward_update``'s;
-    ``graphed``: for a captured graph's batch (no hot rows). The batch must have ids and
-    bags."""
+    ``graphed``: for a captured graph's batch (no hot rows); ``forward_positions``: the
+    positions the forward wrote (``forward_positions_apply``), taken for step 1 where
+    written. The batch must have ids and bags."""
     device = indices.device
     launch = launch or runs_launch()
     classes = classes or (block_d_of(max_dim), 0)
@@ -281,7 +290,7 @@ def plan_backward(
     B = (offsets.numel() - 1) // num_features
     N = indices.numel()
     total_bags = num_features * B
-    key_dtype = torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
+    key_dtype = sort_key_dtype(total_rows)
     radix = launch.radix_sort and key_dtype == torch.int32 and N < 2**31
     # Ids outside every bag: sorted last, skipped. The radix sort sorts only the bits that
     # hold every row and the sentinel, the least all-ones value above the rows.
@@ -293,7 +302,15 @@ def plan_backward(
     bag_dtype = torch.int32 if total_bags < 2**31 else torch.int64
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
     hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
-    if _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
+    if forward_positions is not None and forward_positions.written:
+        # Step 1 from the forward (RunsLaunch.forward_positions): a bag's repeats merged in
+        # place, the bag and factor packed; rewritten here where the offsets are irregular.
+        if forward_positions.rows.dtype != key_dtype or forward_positions.sentinel != sentinel or radix or hot:
+            raise ValueError("plan_backward: forward_positions were made for another key type or sort")
+        rows, bags = forward_positions.rows, forward_positions.packed
+        repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, bags)
+        N, scaled, scale, packed = rows.numel(), True, bags, True
+    elif _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
         rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
                                       mean, bounds_check, launch.merge_repeats, compact=launch.merge_compact,
@@ -447,6 +464,25 @@ def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, graphed: bool
     if not launch.hot_rows or launch.design != "pieces" or pooling == Pooling.NONE or weighted:
         return False
     return not graphed and num_ids >= max(launch.hot_min_ids, 1)
+
+
+def sort_key_dtype(total_rows: int) -> torch.dtype:
+    """The dtype of the sort's keys (global rows and the sentinel) for ``total_rows`` rows."""
+    return torch.int32 if total_rows < INT32_KEYS_BELOW else torch.int64
+
+
+def forward_positions_apply(launch: RunsLaunch, pooling: int, weighted: bool, psw_requires_grad: bool,
+                            num_ids: int, total_bags: int) -> bool:  # fmt: skip
+    """Whether the training forward may write this batch's positions (``RunsLaunch.
+    forward_positions``): pooled (SUM or MEAN), no per-sample weights, ``torch.sort``, no hot
+    rows or merge of the backward's own, fewer than 2**31 ids and bags (a bag and a factor
+    packed in 64 bits). The caller adds what it knows: an eager batch, its plan made in the
+    forward, not a captured graph's."""
+    if not launch.forward_positions or pooling == Pooling.NONE or weighted or psw_requires_grad:
+        return False
+    if launch.radix_sort or launch.hot_rows or launch.merge_repeats:
+        return False
+    return 0 < num_ids < 2**31 and total_bags < 2**31
 
 
 def _merge_applies(launch: RunsLaunch, pooling: int, psw_requires_grad: bool, graphed: bool, radix: bool, hot: int,

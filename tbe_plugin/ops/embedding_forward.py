@@ -332,12 +332,15 @@ def forward_into(
     bounds_check: int,
     align: int,
     config,
-) -> None:
+    positions=None,
+) -> bool:
     """Launch the forward kernel writing into a preallocated ``out`` (no checks here but
     that its rows start at multiples of ``align``, which the kernels promise Triton; FLAT 3
     assumes every table has fewer than 2**31 rows, as ``launch_forward`` checks).
     Pooled: ``work_items`` None launches a program column per feature, for a batch whose
-    every row fits one column block (``launch_forward`` decides)."""
+    every row fits one column block (``launch_forward`` decides). ``positions``
+    (``positions.ForwardPositions``): where the warp kernels (FLAT 3 and 4) also write the
+    backward's positions of these features' ids; returns whether they were written."""
     if out.stride(0) % align or out.stride(-1) != 1:
         raise ValueError(f"forward output: rows must be contiguous and their stride a multiple of {align} "
                          f"elements, got strides {tuple(out.stride())}")  # fmt: skip
@@ -354,7 +357,7 @@ def forward_into(
                 offsets, status, total_bags, num_indices, BLOCK=1024
             )
         if num_indices == 0:
-            return
+            return False
         block_n, block_d, num_warps = config
         grid = (cdiv(num_indices, block_n),)
         _unpooled_forward_kernel[grid](
@@ -364,9 +367,9 @@ def forward_into(
             SEARCH_STEPS=max(1, num_features.bit_length()),
             BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
         )  # fmt: skip
-        return
+        return False
     if B == 0:
-        return
+        return False
     bags, block_l, block_d, num_warps, num_stages, *extra = config
     prefetch = bool(extra and extra[0])
     # 0: lockstep; 1: flat ranges; 2: flat ranges with bag marks; 3: a warp a bag (``forward_warp``:
@@ -389,17 +392,20 @@ def forward_into(
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), **modes,
         )  # fmt: skip
-        return
+        return False
     if flat >= 3:
+        written = positions is not None and not weighted
+        extra = dict(rows_out_ptr=positions.rows, packed_out_ptr=positions.packed, sentinel=positions.sentinel,
+                     POSITIONS=True) if written else {}  # fmt: skip
         _warp_pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), MEAN=modes["MEAN"], WEIGHTED=weighted, CHECK=check,
             ALIGN=align, BAGS=bags, UNROLL=block_l, BLOCK_D=block_d, DIRECT=direct, ROUND=LANES, LEAN=flat == 4,
             # Every row one column block, and B x sum(D) = B x F x BLOCK_D: every D is BLOCK_D.
             FULL=flat == 4 and direct and out.shape[1] == num_features * block_d,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **extra,
         )  # fmt: skip
-        return
+        return written
     marks = indices  # placeholder pointer, never read
     if flat == 2:
         marks = torch.zeros(num_indices + 1, dtype=torch.int32, device=indices.device)
@@ -409,6 +415,7 @@ def forward_into(
         weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, marks, out, status,
         B, num_features * B, num_indices, out.stride(0), MARKS=flat == 2, **modes,
     )  # fmt: skip
+    return False
 
 
 def unpooled_launch_config(max_dim: int, elem_size: int):
@@ -469,13 +476,16 @@ def launch_forward(
     bounds_check: int,
     output_dtype: torch.dtype,
     align: int,
+    positions=None,
 ) -> torch.Tensor:
     """The forward of a table batch: pooled ``[B, sum(dims)]`` or unpooled ``[N, max(dims)]``.
 
     ``feature_meta`` is ``[F, META_COLS]`` int64 (see ``indexing``) and ``dims`` the
     per-feature D on the host; inputs are assumed validated (``bounds.validate_forward_inputs``)
     except for what ``bounds_check`` covers: the kernels count problems into ``status``,
-    and FATAL raises here.
+    and FATAL raises here. ``positions`` (``positions.ForwardPositions``, pooled, training):
+    the backward's positions written too where every class's kernel writes them
+    (``positions.written``).
     """
     shape = output_shape(indices.numel(), offsets.numel(), dims, pooling)
     # The kernels write every element: each (bag, column) of a pooled output belongs to
@@ -490,14 +500,17 @@ def launch_forward(
         num_bags = shape[0] * len(dims)
         avg_len = indices.numel() / max(num_bags, 1)
         classes = pooled_tile_classes(dims, wide_rows(avg_len, elem))
+        written = []
         for tile, features in classes:
             config = module_launch_config(avg_len, tile, weights, dims)
             # One class whose rows fit one column block: a program column per feature.
             direct = len(classes) == 1 and max(dims) <= config[2]
             work = None if direct else _work_items(dims, config[2], weights.device,
                                                    features if len(classes) > 1 else None)  # fmt: skip
-            forward_into(out, weights, feature_meta, work, indices, offsets, per_sample_weights, status, pooling,
-                         bounds_check, align, config)  # fmt: skip
+            written.append(forward_into(out, weights, feature_meta, work, indices, offsets, per_sample_weights,
+                                        status, pooling, bounds_check, align, config, positions))  # fmt: skip
+        if positions is not None:
+            positions.written = bool(written) and all(written)
     raise_if_fatal(status, bounds_check, indices, offsets, feature_meta[:, META_ROWS])
     return out
 

@@ -18,16 +18,47 @@ Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 import triton
 import triton.language as tl
 
-from tbe_plugin.ops.indexing import _checked_bag_bounds, _checked_ids, _mean_factors, _pooled_column_block
+from tbe_plugin.ops.indexing import (
+    _META_COLS,
+    _META_ROW_BASE,
+    _checked_bag_bounds,
+    _checked_ids,
+    _mean_factors,
+    _pooled_column_block,
+)
+from tbe_plugin.ops.positions import pack_bag_factor
 
 LANES = 32  # ids loaded a round, one a lane
 
 
 @triton.jit
-def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset, dim, cols, col_mask,
-               WEIGHTED: tl.constexpr, ALIGN: tl.constexpr, BAGS: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+def _count_repeats(repeat, count, ids, row, lane, j, valid):
+    """A round's repeats so far, given row j's id ``row`` broadcast to every lane (``valid``:
+    row j is in its bag): lane i is a repeat when an earlier row of the round holds its id,
+    and ``count`` is how many of the round's rows hold it."""
+    same = (ids == row) & valid
+    return repeat | (same & (lane > j)), count + same.to(tl.int32)
+
+
+@triton.jit
+def _round_repeats(ids, r0, length, n_rows, lane, BAGS: tl.constexpr):
+    """``_count_repeats`` over a round's rows in a loop of its own (for long unrolled row
+    loops, whose registers the counting inline would double: 64 -> 165 at UNROLL 32, sm_90)."""
+    repeat = tl.zeros_like(ids) != 0
+    count = tl.zeros_like(ids)
+    for j in range(0, n_rows):
+        row = tl.gather(ids, tl.full((BAGS, 1), 0, tl.int32) + j, axis=1)
+        repeat, count = _count_repeats(repeat, count, ids, row, lane[None, :], j, ((r0 + j) < length)[:, None])
+    return repeat, count
+
+
+@triton.jit
+def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset, dim, cols, col_mask, repeat, count,
+               lane, WEIGHTED: tl.constexpr, ALIGN: tl.constexpr, BAGS: tl.constexpr, UNROLL: tl.constexpr,
+               REPEATS: tl.constexpr):  # fmt: skip
     """Adds to ``acc`` ([BAGS, BLOCK_D]) the rows of a round's ``ids`` ([BAGS, ROUND], an id a
-    lane; positions r0.. of each bag), the first ``n_rows`` of them, one row after another."""
+    lane; positions r0.. of each bag), the first ``n_rows`` of them, one row after another.
+    REPEATS: also each lane's repeat flag and count in the round (``_count_repeats``)."""
     for j0 in range(0, n_rows, UNROLL):
         for u in tl.static_range(UNROLL):
             j = j0 + u
@@ -40,14 +71,16 @@ def _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset
             if WEIGHTED:
                 vals = vals * tl.gather(w_round, which, axis=1)
             acc += vals
-    return acc
+            if REPEATS:
+                repeat, count = _count_repeats(repeat, count, ids, row, lane[None, :], j, valid[:, None])
+    return acc, repeat, count
 
 
 @triton.jit
 def _lean_row(weights_ptr, ids, w_round, j, base, vectors, cols, mask, WEIGHTED: tl.constexpr, ALIGN: tl.constexpr):
-    """Row j of a round (an id a lane) in fp32, [1, BLOCK_D]: its start a 32 x 32 -> 64-bit
-    unsigned multiply (ids are rows of their table, below 2**31); ``mask`` None loads it
-    whole (FULL: every column block is a whole row)."""
+    """Row j of a round (an id a lane) in fp32, [1, BLOCK_D], and its id ([1, 1]): its start
+    a 32 x 32 -> 64-bit unsigned multiply (ids are rows of their table, below 2**31);
+    ``mask`` None loads it whole (FULL: every column block is a whole row)."""
     which = tl.full((1, 1), 0, tl.int32) + j
     row = tl.gather(ids, which, axis=1)  # [1, 1]: row j's id, from the lane holding it
     row_start = (base + (row.to(tl.uint32).to(tl.uint64) * vectors).to(tl.int64)) * ALIGN
@@ -57,12 +90,13 @@ def _lean_row(weights_ptr, ids, w_round, j, base, vectors, cols, mask, WEIGHTED:
         vals = tl.load(weights_ptr + row_start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if WEIGHTED:  # the weight as a scalar: a [1, 1] operand moved each row through shared memory
         vals = vals * tl.sum(tl.gather(w_round, which, axis=1))
-    return vals
+    return vals, row
 
 
 @triton.jit
-def _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols, col_mask, WEIGHTED: tl.constexpr,
-               ALIGN: tl.constexpr, UNROLL: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
+def _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols, col_mask, repeat, count, lane,
+               WEIGHTED: tl.constexpr, ALIGN: tl.constexpr, UNROLL: tl.constexpr, FULL: tl.constexpr,
+               REPEATS: tl.constexpr):  # fmt: skip
     """``_warp_rows`` for one bag a program (BAGS 1), with fewer instructions a row: the rows
     before the last group of UNROLL are all in the bag, so their loads carry no row mask
     (and no mask at all with FULL); the last group's rows are masked by a 32-bit count. The
@@ -73,13 +107,19 @@ def _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols,
     base = weight_offset // ALIGN
     for j0 in range(0, n_full, UNROLL):
         for u in tl.static_range(UNROLL):
-            acc += _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols, None if FULL else col_mask[None, :],
-                             WEIGHTED, ALIGN)  # fmt: skip
+            vals, row = _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols,
+                                  None if FULL else col_mask[None, :], WEIGHTED, ALIGN)  # fmt: skip
+            acc += vals
+            if REPEATS:
+                repeat, count = _count_repeats(repeat, count, ids, row, lane[None, :], j0 + u, (j0 + u) < n_rows)
     for j0 in range(n_full, n_rows, UNROLL):  # the last group, part in the bag
         for u in tl.static_range(UNROLL):
-            acc += _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols,
-                             ((j0 + u) < n_rows) & col_mask[None, :], WEIGHTED, ALIGN)  # fmt: skip
-    return acc
+            vals, row = _lean_row(weights_ptr, ids, w_round, j0 + u, base, vectors, cols,
+                                  ((j0 + u) < n_rows) & col_mask[None, :], WEIGHTED, ALIGN)  # fmt: skip
+            acc += vals
+            if REPEATS:
+                repeat, count = _count_repeats(repeat, count, ids, row, lane[None, :], j0 + u, (j0 + u) < n_rows)
+    return acc, repeat, count
 
 
 @triton.jit
@@ -93,7 +133,23 @@ def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, 
     w_round = ids
     if WEIGHTED:
         w_round = tl.load(per_sample_weights_ptr + pos, mask=in_bag, other=0.0).to(tl.float32)
-    return ids, w_round
+    return ids, w_round, pos, in_bag
+
+
+@triton.jit
+def _store_positions(rows_out_ptr, packed_out_ptr, ids, pos, in_bag, repeat, count, row_base, bag, length,
+                     sentinel, MEAN: tl.constexpr):  # fmt: skip
+    """The backward's first step for a round (``embedding_backward.plan_backward``, as
+    ``positions.merged_positions`` in place writes it): each position's global row (the
+    ``sentinel`` for a repeat of an earlier id of its round) and, for the others, the bag
+    and factor packed in one int64 (the round's count of the id, times 1/L for MEAN)."""
+    keep = in_bag & ~repeat
+    row = tl.where(keep, row_base + ids.to(tl.int64), sentinel)
+    tl.store(rows_out_ptr + pos, row.to(rows_out_ptr.dtype.element_ty), mask=in_bag)
+    factor = count.to(tl.float32)
+    if MEAN:
+        factor = factor * tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))[:, None]
+    tl.store(packed_out_ptr + pos, pack_bag_factor(bag[:, None] + tl.zeros_like(ids), factor), mask=keep)
 
 
 @triton.jit
@@ -130,6 +186,10 @@ def _warp_pooled_forward_kernel(
     ROUND: tl.constexpr,  # ids a bag loaded a round (32: one a lane)
     LEAN: tl.constexpr = False,  # BAGS 1 only: _lean_rows
     FULL: tl.constexpr = False,  # LEAN only: every column block is a whole row (D == BLOCK_D, DIRECT)
+    rows_out_ptr=None,  # POSITIONS: each position's global row (``_store_positions``)
+    packed_out_ptr=None,  # POSITIONS: bag and factor, packed
+    sentinel=0,  # POSITIONS: the row of a repeat
+    POSITIONS: tl.constexpr = False,  # the backward's positions, repeats merged (``_store_positions``)
 ):
     pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
@@ -146,13 +206,27 @@ def _warp_pooled_forward_kernel(
     length = end - start
     max_len = tl.max(length, axis=0)
     acc = tl.zeros((BAGS, BLOCK_D), dtype=tl.float32)
+    row_base = 0
+    if POSITIONS:
+        row_base = tl.load(feature_meta_ptr + feature * _META_COLS + _META_ROW_BASE)
     for r0 in range(0, max_len, ROUND):
-        ids, w_round = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0, rows, lane,
-                                   CHECK, WEIGHTED)  # fmt: skip
+        ids, w_round, pos, in_bag = _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, r0,
+                                                rows, lane, CHECK, WEIGHTED)  # fmt: skip
+        repeat = tl.zeros_like(ids) != 0  # none yet
+        count = tl.zeros_like(ids)
+        n_rows = tl.minimum(max_len - r0, ROUND)
+        INLINE: tl.constexpr = POSITIONS and UNROLL <= 8  # repeats counted as the rows are read
         if LEAN:
-            acc = _lean_rows(acc, weights_ptr, ids, w_round, tl.minimum(max_len - r0, ROUND), weight_offset, dim,
-                             cols, col_mask, WEIGHTED, ALIGN, UNROLL, FULL)  # fmt: skip
+            acc, repeat, count = _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols, col_mask,
+                                            repeat, count, lane, WEIGHTED, ALIGN, UNROLL, FULL, INLINE)  # fmt: skip
         else:
-            acc = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, tl.minimum(max_len - r0, ROUND),
-                             weight_offset, dim, cols, col_mask, WEIGHTED, ALIGN, BAGS, UNROLL)  # fmt: skip
+            acc, repeat, count = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset, dim,
+                                            cols, col_mask, repeat, count, lane, WEIGHTED, ALIGN, BAGS, UNROLL,
+                                            INLINE)  # fmt: skip
+        if POSITIONS and not INLINE:
+            repeat, count = _round_repeats(ids, r0, length, n_rows, lane, BAGS)
+        if POSITIONS:
+            if d_start == 0:  # the program of the bags' first column block
+                _store_positions(rows_out_ptr, packed_out_ptr, ids, pos, in_bag, repeat, count, row_base,
+                                 feature * B + b, length, sentinel, MEAN)  # fmt: skip
     _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)

@@ -222,3 +222,78 @@ def unpack_bags(packed: torch.Tensor):
     """``merged_positions``' packed int64s as (bags int32, factors fp32)."""
     halves = packed.view(torch.int32).view(-1, 2)  # little-endian: the bag first
     return halves[:, 0], halves[:, 1].contiguous().view(torch.float32)
+
+
+@triton.jit
+def _offsets_irregular_kernel(offsets_ptr, flag_ptr, total_bags, num_indices, BLOCK: tl.constexpr):
+    """Sets ``flag_ptr[0]`` to 1 unless the offsets rise from 0 to ``num_indices`` without
+    decreasing (then every position lies in exactly one bag, as the forward read it). Every
+    program that finds a fault stores the same 1: no atomics, the same flag in any order."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < total_bags
+    start = tl.load(offsets_ptr + i, mask=inside, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + i + 1, mask=inside, other=0).to(tl.int64)
+    bad = inside & ((end < start) | ((i == 0) & (start != 0)) | ((i == total_bags - 1) & (end != num_indices)))
+    if tl.max(bad.to(tl.int32), axis=0) > 0:
+        tl.store(flag_ptr, 1)
+
+
+@triton.jit
+def _repair_positions_kernel(
+    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, flag_ptr, rows_out_ptr, packed_out_ptr, B, total_bags,
+    num_indices, sentinel, MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Where ``flag_ptr[0]`` is set (``_offsets_irregular_kernel``), each position's row, bag
+    and factor by the positions kernel's rule (``bag_rows``), no repeats merged, in the layout
+    the forward writes (``forward_warp._store_positions``); otherwise nothing (each program
+    reads the flag and masks everything off)."""
+    block = tl.program_id(0).to(tl.int64)
+    p = block * BLOCK + tl.arange(0, BLOCK)
+    inside = (p < num_indices) & (tl.load(flag_ptr) != 0)
+    bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
+                                        B, total_bags, CHECK)  # fmt: skip
+    tl.store(rows_out_ptr + p, tl.where(valid, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
+    factor = tl.full([BLOCK], 1.0, tl.float32)
+    if MEAN:
+        factor = tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
+    tl.store(packed_out_ptr + p, pack_bag_factor(bag, factor), mask=valid)
+
+
+REPAIR_BLOCK = 1024
+REPAIR_WARPS = 8
+
+
+def repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, packed) -> None:
+    """The forward's positions (``forward_warp._store_positions``) made right for any
+    offsets: where they do not rise from 0 to the id count (a position in no bag or in two,
+    which the forward reads as its clamped ranges and reports), every position is written
+    again by the backward's own rule, on the device, with no host read."""
+    N = indices.numel()
+    flag = torch.zeros(1, dtype=torch.int32, device=indices.device)
+    _offsets_irregular_kernel[(cdiv(total_bags, REPAIR_BLOCK),)](offsets, flag, total_bags, N, BLOCK=REPAIR_BLOCK)
+    window = positions_window(offsets, N, REPAIR_BLOCK)
+    sentinel = torch.iinfo(rows.dtype).max
+    _repair_positions_kernel[(cdiv(N, REPAIR_BLOCK),)](
+        feature_meta, indices, offsets, window, flag, rows, packed, B, total_bags, N, sentinel, MEAN=mean,
+        CHECK=bounds_check, BLOCK=REPAIR_BLOCK, num_warps=REPAIR_WARPS,
+    )  # fmt: skip
+
+
+class ForwardPositions:
+    """Where the training forward writes the backward's positions (``RunsLaunch.
+    forward_positions``): each position's global row (the sort key; ``rows``, the sort's
+    dtype) and its bag and factor packed (``packed``, int64), a bag's repeats of a row within
+    a round of 32 of its ids merged into the first. ``written``: every class of the forward
+    took a kernel that writes them (else the backward makes its positions itself)."""
+
+    __slots__ = ("rows", "packed", "written")
+
+    def __init__(self, num_indices: int, key_dtype: torch.dtype, device: torch.device):
+        self.rows = torch.empty(num_indices, dtype=key_dtype, device=device)
+        self.packed = torch.empty(num_indices, dtype=torch.int64, device=device)
+        self.written = False
+
+    @property
+    def sentinel(self) -> int:
+        """The row of a repeat and of a position in no bag: sorted after every row."""
+        return torch.iinfo(self.rows.dtype).max

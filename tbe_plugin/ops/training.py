@@ -25,9 +25,16 @@ from tbe_plugin.ops.bounds import merge_status, warn_once
 from tbe_plugin.ops.common import STATUS_LEN, new_status, profiled
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
-from tbe_plugin.ops.embedding_backward import BackwardPlan, backward_update, plan_backward
+from tbe_plugin.ops.embedding_backward import (
+    BackwardPlan,
+    backward_update,
+    forward_positions_apply,
+    plan_backward,
+    sort_key_dtype,
+)
 from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
 from tbe_plugin.ops.optimizers import OptimizerArgs
+from tbe_plugin.ops.positions import ForwardPositions
 
 
 def fused_update(
@@ -160,6 +167,7 @@ def plan_in_forward(
     launch: Optional[RunsLaunch] = None,
     classes: Optional[List[int]] = None,
     graphs: Optional[BackwardGraphs] = None,
+    positions: Optional[ForwardPositions] = None,
 ) -> Optional[EarlyPlan]:
     """The batch's backward plan (``embedding_backward.plan_backward``), started now, after
     the lookup (``RunsLaunch.plan_in_forward``): on CUDA on a side stream that waits for
@@ -167,7 +175,8 @@ def plan_in_forward(
     the backward (the dense layers); on the CPU and under capture at once, on the current
     stream. None where the backward will plan by itself: the option off, an empty batch, a
     batch for a captured graph. ``output_shape``: the forward output's (the output
-    gradient's) shape."""
+    gradient's) shape; ``positions``: the backward's positions the forward wrote
+    (``forward_positions_for``)."""
     settings = launch or runs_launch()
     num_features = feature_meta.shape[0]
     if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= num_features:
@@ -178,7 +187,8 @@ def plan_in_forward(
 
     def plan() -> BackwardPlan:
         return plan_backward(feature_meta, total_rows, indices, offsets, per_sample_weights, psw_requires_grad,
-                             pooling, bounds_check, optimizer, grad_shape, settings, classes, max_dim)  # fmt: skip
+                             pooling, bounds_check, optimizer, grad_shape, settings, classes, max_dim,
+                             forward_positions=positions)  # fmt: skip
 
     # On the CPU, and inside a CUDA graph's capture (a side stream's work there must join the
     # capturing stream before the capture ends, which a forward captured alone would not do),
@@ -192,10 +202,39 @@ def plan_in_forward(
         ready = torch.cuda.Event()
         ready.record(side)
     # The inputs are the caller's: their memory is not reused before the plan has read them.
-    for tensor in (feature_meta, indices, offsets, per_sample_weights):
+    kept = (positions.rows, positions.packed) if positions is not None else ()
+    for tensor in (feature_meta, indices, offsets, per_sample_weights, *kept):
         if tensor is not None:
             tensor.record_stream(side)
     return EarlyPlan(made, ready)
+
+
+def forward_positions_for(
+    feature_meta: torch.Tensor,
+    total_rows: int,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    psw_requires_grad: bool,
+    pooling: int,
+    launch: Optional[RunsLaunch] = None,
+    graphs: Optional[BackwardGraphs] = None,
+) -> Optional[ForwardPositions]:
+    """Buffers for the backward's positions, which the training forward then writes beside
+    its output (``RunsLaunch.forward_positions``), where this batch's plan is made in its
+    forward (``plan_in_forward``: not an empty batch or one for a captured graph) and the
+    option applies (``embedding_backward.forward_positions_apply``); else None."""
+    settings = launch or runs_launch()
+    num_features = feature_meta.shape[0]
+    if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= num_features:
+        return None
+    if graphs is not None and graphs.applies(launch, indices, offsets):
+        return None
+    total_bags = (offsets.numel() - 1) // num_features * num_features
+    if not forward_positions_apply(settings, pooling, per_sample_weights is not None, psw_requires_grad,
+                                   indices.numel(), total_bags):  # fmt: skip
+        return None
+    return ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device)
 
 
 def take_plan(early: EarlyPlan) -> BackwardPlan:

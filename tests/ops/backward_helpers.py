@@ -86,11 +86,11 @@ def train_and_compare(emb, optimizer, steps=3, B=4, max_len=5, hot=0.3, weighted
         reference.assert_matches(emb)
 
 
-def cuda_zipf_steps(optimizer, launches):
+def cuda_zipf_steps(optimizer, launches, dims=(16, 128, 400)):
     """On CUDA, one training step per launch (``RunsLaunch`` or None), each on a fresh module
-    from the same weights, ids and output gradient: Zipf(1.15) ids over tables of D 16, 128
-    and 400 (200k, 1M and 50k rows), B=16384, 20 ids a bag. Returns (modules, indices)."""
-    rows, dims, B, L = [200_000, 1_000_000, 50_000], [16, 128, 400], 16384, 20
+    from the same weights, ids and output gradient: Zipf(1.15) ids over tables of D ``dims``
+    (200k, 1M and 50k rows), B=16384, 20 ids a bag. Returns (modules, indices)."""
+    rows, dims, B, L = [200_000, 1_000_000, 50_000], list(dims), 16384, 20
     torch.manual_seed(0)
     ranks = torch.distributions.Pareto(1.0, 0.15).sample((3 * B * L,)).long() - 1
     indices = torch.cat([ranks[f * B * L : (f + 1) * B * L] % rows[f] for f in range(3)]).cuda()

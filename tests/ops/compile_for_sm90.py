@@ -171,8 +171,15 @@ def variants():
                                                    (False, False, True, False), (True, True, True, True)):  # fmt: skip
                     yield forward._warp_pooled_forward_kernel, dict(
                         MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, UNROLL=block_l,
-                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full,
+                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full, POSITIONS=False,
                     ), (warps, stages), weights, "*i32"  # fmt: skip
+                # RunsLaunch.forward_positions: the training forward writes the backward's positions too.
+                for mean, lean, full, bags_at_once in ((False, True, True, bags), (True, True, False, bags),
+                                                       (False, False, False, 2)):  # fmt: skip
+                    yield forward._warp_pooled_forward_kernel, dict(
+                        MEAN=mean, WEIGHTED=False, CHECK=True, ALIGN=align, BAGS=bags_at_once, UNROLL=block_l,
+                        BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full, POSITIONS=True,
+                    ), (bags_at_once if not lean else warps, stages), weights, "*i32"  # fmt: skip
                 continue
             kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel
             marks = dict(MARKS=flat[0] == 2) if flat and flat[0] else {}
@@ -249,6 +256,11 @@ def variants():
                 positions.MERGE_WARPS, "*fp32", "*i32"  # fmt: skip
         yield positions._compact_kernel, dict(BLOCK=positions.merge_block(window)), positions.COMPACT_WARPS, "*fp32", \
             "*i32"  # fmt: skip
+    # RunsLaunch.forward_positions: irregular offsets found, the positions rewritten there.
+    yield positions._offsets_irregular_kernel, dict(BLOCK=positions.REPAIR_BLOCK), 4, "*fp32", "*i32"
+    for mean in (False, True):
+        yield positions._repair_positions_kernel, dict(MEAN=mean, CHECK=True, BLOCK=positions.REPAIR_BLOCK), \
+            positions.REPAIR_WARPS, "*fp32", "*i32"  # fmt: skip
     # RunsLaunch.hot_rows: the positions kernel counting 16 hot rows a feature, the product, the update.
     yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                            HOT=16, LOG_HOT=4), backward.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip

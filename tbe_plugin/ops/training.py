@@ -152,6 +152,16 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[key]
 
 
+def _plans_in_forward(settings: RunsLaunch, feature_meta: torch.Tensor, indices: torch.Tensor,
+                      offsets: torch.Tensor, launch: Optional[RunsLaunch],
+                      graphs: Optional[BackwardGraphs]) -> bool:  # fmt: skip
+    """Whether this batch's plan is made in its forward: the option on, ids and bags, and not
+    a batch for a captured graph (which plans in its graph)."""
+    if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= feature_meta.shape[0]:
+        return False
+    return graphs is None or not graphs.applies(launch, indices, offsets)
+
+
 def plan_in_forward(
     feature_meta: torch.Tensor,
     total_rows: int,
@@ -178,10 +188,7 @@ def plan_in_forward(
     gradient's) shape; ``positions``: the backward's positions the forward wrote
     (``forward_positions_for``)."""
     settings = launch or runs_launch()
-    num_features = feature_meta.shape[0]
-    if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= num_features:
-        return None
-    if graphs is not None and graphs.applies(launch, indices, offsets):
+    if not _plans_in_forward(settings, feature_meta, indices, offsets, launch, graphs):
         return None
     grad_shape = (int(output_shape[0]), int(output_shape[1]))  # contiguous: the row stride is the width
 
@@ -225,11 +232,9 @@ def forward_positions_for(
     forward (``plan_in_forward``: not an empty batch or one for a captured graph) and the
     option applies (``embedding_backward.forward_positions_apply``); else None."""
     settings = launch or runs_launch()
+    if not _plans_in_forward(settings, feature_meta, indices, offsets, launch, graphs):
+        return None
     num_features = feature_meta.shape[0]
-    if not settings.plan_in_forward or indices.numel() == 0 or offsets.numel() <= num_features:
-        return None
-    if graphs is not None and graphs.applies(launch, indices, offsets):
-        return None
     total_bags = (offsets.numel() - 1) // num_features * num_features
     if not forward_positions_apply(settings, pooling, per_sample_weights is not None, psw_requires_grad,
                                    indices.numel(), total_bags):  # fmt: skip

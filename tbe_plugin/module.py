@@ -553,7 +553,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         """Buffers for the backward's positions, which the forward then writes
         (``RunsLaunch.forward_positions``), or None."""
         launch = self.backward_launch or runs_launch()
-        if not (launch.plan_in_forward and launch.forward_positions):
+        if not (launch.plan_in_forward and (launch.forward_positions or launch.forward_merge)):
             return None  # (first: small batches' steps are host-bound)
         return forward_positions_for(self.feature_meta, sum(self.table_rows), indices, offsets, per_sample_weights,
                                      psw_requires_grad, int(self.pooling_mode), self.backward_launch,

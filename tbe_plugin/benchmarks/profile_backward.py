@@ -161,10 +161,11 @@ CANDIDATES = {
     # The marks found by the sorted-operands kernel (a byte a position and its block's counts),
     # so that the marks kernel runs once, from them (RunsLaunch.marks_in_operands); with the merge too.
     "marks_in_operands": _launch(marks_in_operands=True),
-    # The training forward writes the plan's positions, a bag's repeats merged
-    # (RunsLaunch.forward_positions): for the end to end (pipelines.bench.e2e --backward-launch),
+    # The training forward writes the plan's positions, a bag's repeats merged or not
+    # (RunsLaunch.forward_positions, forward_merge): for the end to end (pipelines.bench.e2e --backward-launch),
     # whose plan is made in the forward; a backward timed alone plans in the backward, unchanged.
     "fwd_positions": _launch(forward_positions=True),
+    "fwd_merge": _launch(forward_merge=True),
     "merge32_in_place_marks": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True),
     "merge_marks_any": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True,
                                merge_min_ids=0),  # batches of any size (the CPU smoke runs)

@@ -280,20 +280,24 @@ class RunsLaunch:
     add up to the step) but filled the 0.3 ms the host left idle in the backward; peak
     memory +3.3% (SparseDist) to +6.6% (SemiSync, staleness 1) over FBGEMM's."""
     forward_positions: bool = False
-    """With ``plan_in_forward``: the training forward's warp kernels (``forward_warp``, FLAT 3
-    and 4) write the plan's first step as they read each bag's ids (each position's global
-    row, its bag and factor packed in an int64), so the positions kernel does not run (0.15
-    ms on ctr-dlrm at cd7e699, a binary search of its bag per position). A bag's repeats of
-    a row within a round of 32 of its ids (the lanes of the forward's warp, each row's id
-    already broadcast to every lane) are merged into the first, whose factor is their count
-    (times 1/L for MEAN): the sort's sentinels after every row, fewer ids for the sorted
-    operands, the marks and the pieces (ctr-dlrm keeps ~70%). The sums change order and
-    rounding (a row added ``k`` times becomes ``k`` times the row), bitwise repeatable.
-    Irregular offsets (a position in no bag or in two) are found on the device and the
-    positions rewritten by the backward's own rule, with no host read. Pooled batches without
-    per-sample weights, eager, not for a captured graph's batch, with ``torch.sort`` and no
-    hot rows or ``merge_repeats``; forward classes of other kernels leave it to the positions
-    kernel. Candidate: not yet timed on a GPU."""
+    """Candidate (off): with ``plan_in_forward``, the training forward's warp kernels
+    (``forward_warp``, FLAT 3 and 4) write the plan's first step as they read each bag's ids
+    (each position's global row and bag), so the positions kernel (0.15 ms on ctr-dlrm at
+    cd7e699, a binary search of each position's bag) does not run. Irregular offsets (a
+    position in no bag or in two) are found on the device and the positions rewritten by the
+    backward's own rule, with no host read. SUM batches without per-sample weights, eager, not
+    for a captured graph's batch, with ``torch.sort`` and no hot rows or ``merge_repeats``;
+    forward classes of other kernels leave it to the positions kernel."""
+    forward_merge: bool = False
+    """Candidate (off): ``forward_positions`` (SUM or MEAN) with a bag's repeats of a row within
+    a round of 32 of its ids (the lanes of the forward's warp, each row's id already broadcast
+    to every lane) merged into the first, whose factor is their count (times 1/L for MEAN),
+    bag and factor packed in an int64: the sort's sentinels after every row, fewer ids for the
+    sorted operands, the marks and the pieces (ctr-dlrm keeps ~70%). The sums change order and
+    rounding (a row added ``k`` times becomes ``k`` times the row), bitwise repeatable. H200 at
+    4118b80 (``pipelines.bench.e2e``, SparseDist, ms a step's kernels): the pieces kernel 1.420
+    -> 1.282, the positions kernel gone (0.15), but the forward 0.541 -> 0.730 (the counting in
+    its row loop); the step 12.58 -> 12.64 ms (1.081x -> 1.077x FBGEMM's examples/s)."""
     merge_repeats: int = 0
     """Candidate (off; 0): before the sort, the ids of a bag that repeat a row within aligned
     windows of this many positions (a power of two from 2 to 64) are merged into one id

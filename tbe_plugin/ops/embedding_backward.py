@@ -303,13 +303,17 @@ def plan_backward(
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
     hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
     if forward_positions is not None and forward_positions.written:
-        # Step 1 from the forward (RunsLaunch.forward_positions): a bag's repeats merged in
-        # place, the bag and factor packed; rewritten here where the offsets are irregular.
-        if forward_positions.rows.dtype != key_dtype or forward_positions.sentinel != sentinel or radix or hot:
+        # Step 1 from the forward (RunsLaunch.forward_positions; forward_merge: a bag's repeats
+        # merged in place, the bag and factor packed); rewritten here where the offsets are irregular.
+        if forward_positions.rows.dtype != key_dtype or forward_positions.sentinel != sentinel or radix or hot or (
+                scaled and not forward_positions.merge):
             raise ValueError("plan_backward: forward_positions were made for another key type or sort")
-        rows, bags = forward_positions.rows, forward_positions.packed
+        rows, bags = forward_positions.rows, forward_positions.bags
         repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, bags)
-        N, scaled, scale, packed = rows.numel(), True, bags, True
+        if forward_positions.merge:  # the bag and factor packed
+            N, scaled, scale, packed = rows.numel(), True, bags, True
+        else:  # (SUM without per-sample weights: no factor)
+            packed, scale = False, torch.empty(1, dtype=torch.float32, device=device)
     elif _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
         rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
@@ -474,11 +478,14 @@ def sort_key_dtype(total_rows: int) -> torch.dtype:
 def forward_positions_apply(launch: RunsLaunch, pooling: int, weighted: bool, psw_requires_grad: bool,
                             num_ids: int, total_bags: int) -> bool:  # fmt: skip
     """Whether the training forward may write this batch's positions (``RunsLaunch.
-    forward_positions``): pooled (SUM or MEAN), no per-sample weights, ``torch.sort``, no hot
+    forward_positions``, ``forward_merge``): SUM (MEAN with the merge, whose packed factor
+    carries 1/L), no per-sample weights, ``torch.sort``, no hot
     rows or merge of the backward's own, fewer than 2**31 ids and bags (a bag and a factor
     packed in 64 bits). The caller adds what it knows: an eager batch, its plan made in the
     forward, not a captured graph's."""
-    if not launch.forward_positions or pooling == Pooling.NONE or weighted or psw_requires_grad:
+    if not (launch.forward_positions or launch.forward_merge) or pooling == Pooling.NONE or weighted:
+        return False
+    if psw_requires_grad or (pooling == Pooling.MEAN and not launch.forward_merge):  # (MEAN's factor: packed)
         return False
     if launch.radix_sort or launch.hot_rows or launch.merge_repeats:
         return False

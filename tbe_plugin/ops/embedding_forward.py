@@ -395,8 +395,8 @@ def forward_into(
         return False
     if flat >= 3:
         written = positions is not None and not weighted
-        extra = dict(rows_out_ptr=positions.rows, packed_out_ptr=positions.packed, sentinel=positions.sentinel,
-                     POSITIONS=True) if written else {}  # fmt: skip
+        extra = dict(rows_out_ptr=positions.rows, bags_out_ptr=positions.bags, sentinel=positions.sentinel,
+                     POSITIONS=True, MERGE=positions.merge) if written else {}  # fmt: skip
         _warp_pooled_forward_kernel[grid](
             weights, feature_meta, feature_meta if direct else work_items, indices, offsets, psw, out, status,
             B, num_features * B, num_indices, out.stride(0), MEAN=modes["MEAN"], WEIGHTED=weighted, CHECK=check,

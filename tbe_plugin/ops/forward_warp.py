@@ -137,19 +137,25 @@ def _warp_round(indices_ptr, per_sample_weights_ptr, status_ptr, start, length, 
 
 
 @triton.jit
-def _store_positions(rows_out_ptr, packed_out_ptr, ids, pos, in_bag, repeat, count, row_base, bag, length,
-                     sentinel, MEAN: tl.constexpr):  # fmt: skip
-    """The backward's first step for a round (``embedding_backward.plan_backward``, as
-    ``positions.merged_positions`` in place writes it): each position's global row (the
-    ``sentinel`` for a repeat of an earlier id of its round) and, for the others, the bag
-    and factor packed in one int64 (the round's count of the id, times 1/L for MEAN)."""
-    keep = in_bag & ~repeat
-    row = tl.where(keep, row_base + ids.to(tl.int64), sentinel)
-    tl.store(rows_out_ptr + pos, row.to(rows_out_ptr.dtype.element_ty), mask=in_bag)
-    factor = count.to(tl.float32)
-    if MEAN:
-        factor = factor * tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))[:, None]
-    tl.store(packed_out_ptr + pos, pack_bag_factor(bag[:, None] + tl.zeros_like(ids), factor), mask=keep)
+def _store_positions(rows_out_ptr, bags_out_ptr, ids, pos, in_bag, repeat, count, row_base, bag, length,
+                     sentinel, MEAN: tl.constexpr, MERGE: tl.constexpr):  # fmt: skip
+    """The backward's first step for a round (``embedding_backward.plan_backward``): each
+    position's global row and its bag (int32). MERGE (as ``positions.merged_positions`` in
+    place writes it): the ``sentinel`` row for a repeat of an earlier id of its round and,
+    for the others, the bag and factor packed in one int64 (the round's count of the id,
+    times 1/L for MEAN)."""
+    bags = bag[:, None] + tl.zeros_like(ids)
+    if MERGE:
+        keep = in_bag & ~repeat
+        row = tl.where(keep, row_base + ids.to(tl.int64), sentinel)
+        tl.store(rows_out_ptr + pos, row.to(rows_out_ptr.dtype.element_ty), mask=in_bag)
+        factor = count.to(tl.float32)
+        if MEAN:
+            factor = factor * tl.div_rn(1.0, tl.maximum(length, 1).to(tl.float32))[:, None]
+        tl.store(bags_out_ptr + pos, pack_bag_factor(bags, factor), mask=keep)
+    else:
+        tl.store(rows_out_ptr + pos, (row_base + ids.to(tl.int64)).to(rows_out_ptr.dtype.element_ty), mask=in_bag)
+        tl.store(bags_out_ptr + pos, bags.to(tl.int32), mask=in_bag)
 
 
 @triton.jit
@@ -187,9 +193,10 @@ def _warp_pooled_forward_kernel(
     LEAN: tl.constexpr = False,  # BAGS 1 only: _lean_rows
     FULL: tl.constexpr = False,  # LEAN only: every column block is a whole row (D == BLOCK_D, DIRECT)
     rows_out_ptr=None,  # POSITIONS: each position's global row (``_store_positions``)
-    packed_out_ptr=None,  # POSITIONS: bag and factor, packed
-    sentinel=0,  # POSITIONS: the row of a repeat
-    POSITIONS: tl.constexpr = False,  # the backward's positions, repeats merged (``_store_positions``)
+    bags_out_ptr=None,  # POSITIONS: its bag (int32); MERGE: bag and factor, packed (int64)
+    sentinel=0,  # MERGE: the row of a repeat
+    POSITIONS: tl.constexpr = False,  # the backward's positions (``_store_positions``)
+    MERGE: tl.constexpr = False,  # POSITIONS: a round's repeats merged
 ):
     pid_bag = tl.program_id(0)
     feature, d_start, weight_offset, rows, dim, out_col = _pooled_column_block(
@@ -215,7 +222,7 @@ def _warp_pooled_forward_kernel(
         repeat = tl.zeros_like(ids) != 0  # none yet
         count = tl.zeros_like(ids)
         n_rows = tl.minimum(max_len - r0, ROUND)
-        INLINE: tl.constexpr = POSITIONS and UNROLL <= 8  # repeats counted as the rows are read
+        INLINE: tl.constexpr = MERGE and UNROLL <= 8  # repeats counted as the rows are read
         if LEAN:
             acc, repeat, count = _lean_rows(acc, weights_ptr, ids, w_round, n_rows, weight_offset, dim, cols, col_mask,
                                             repeat, count, lane, WEIGHTED, ALIGN, UNROLL, FULL, INLINE)  # fmt: skip
@@ -223,10 +230,10 @@ def _warp_pooled_forward_kernel(
             acc, repeat, count = _warp_rows(acc, weights_ptr, ids, w_round, r0, length, n_rows, weight_offset, dim,
                                             cols, col_mask, repeat, count, lane, WEIGHTED, ALIGN, BAGS, UNROLL,
                                             INLINE)  # fmt: skip
-        if POSITIONS and not INLINE:
+        if MERGE and not INLINE:
             repeat, count = _round_repeats(ids, r0, length, n_rows, lane, BAGS)
         if POSITIONS:
             if d_start == 0:  # the program of the bags' first column block
-                _store_positions(rows_out_ptr, packed_out_ptr, ids, pos, in_bag, repeat, count, row_base,
-                                 feature * B + b, length, sentinel, MEAN)  # fmt: skip
+                _store_positions(rows_out_ptr, bags_out_ptr, ids, pos, in_bag, repeat, count, row_base,
+                                 feature * B + b, length, sentinel, MEAN, MERGE)  # fmt: skip
     _warp_store(out_ptr, acc, b, b_mask, length, out_stride, out_col, cols, col_mask, MEAN)

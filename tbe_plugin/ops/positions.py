@@ -240,32 +240,35 @@ def _offsets_irregular_kernel(offsets_ptr, flag_ptr, total_bags, num_indices, BL
 
 @triton.jit
 def _repair_positions_kernel(
-    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, flag_ptr, rows_out_ptr, packed_out_ptr, B, total_bags,
-    num_indices, sentinel, MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
+    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, flag_ptr, rows_out_ptr, bags_out_ptr, B, total_bags,
+    num_indices, sentinel, MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, PACKED: tl.constexpr,
 ):  # fmt: skip
-    """Where ``flag_ptr[0]`` is set (``_offsets_irregular_kernel``), each position's row, bag
-    and factor by the positions kernel's rule (``bag_rows``), no repeats merged, in the layout
-    the forward writes (``forward_warp._store_positions``); otherwise nothing (each program
-    reads the flag and masks everything off)."""
+    """Where ``flag_ptr[0]`` is set (``_offsets_irregular_kernel``), each position's row and
+    bag (PACKED: with its factor) by the positions kernel's rule (``bag_rows``), no repeats
+    merged, in the layout the forward writes (``forward_warp._store_positions``); otherwise
+    nothing (each program reads the flag and masks everything off)."""
     block = tl.program_id(0).to(tl.int64)
     p = block * BLOCK + tl.arange(0, BLOCK)
     inside = (p < num_indices) & (tl.load(flag_ptr) != 0)
     bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
                                         B, total_bags, CHECK)  # fmt: skip
     tl.store(rows_out_ptr + p, tl.where(valid, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
-    factor = tl.full([BLOCK], 1.0, tl.float32)
-    if MEAN:
-        factor = tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
-    tl.store(packed_out_ptr + p, pack_bag_factor(bag, factor), mask=valid)
+    if PACKED:
+        factor = tl.full([BLOCK], 1.0, tl.float32)
+        if MEAN:
+            factor = tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
+        tl.store(bags_out_ptr + p, pack_bag_factor(bag, factor), mask=valid)
+    else:
+        tl.store(bags_out_ptr + p, bag.to(tl.int32), mask=valid)
 
 
 REPAIR_BLOCK = 1024
 REPAIR_WARPS = 8
 
 
-def repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, packed) -> None:
-    """The forward's positions (``forward_warp._store_positions``) made right for any
-    offsets: where they do not rise from 0 to the id count (a position in no bag or in two,
+def repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, bags) -> None:
+    """The forward's positions (``forward_warp._store_positions``: ``bags`` int32, or int64
+    with the factors packed) made right for any offsets: where they do not rise from 0 to the id count (a position in no bag or in two,
     which the forward reads as its clamped ranges and reports), every position is written
     again by the backward's own rule, on the device, with no host read."""
     N = indices.numel()
@@ -274,23 +277,26 @@ def repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds
     window = positions_window(offsets, N, REPAIR_BLOCK)
     sentinel = torch.iinfo(rows.dtype).max
     _repair_positions_kernel[(cdiv(N, REPAIR_BLOCK),)](
-        feature_meta, indices, offsets, window, flag, rows, packed, B, total_bags, N, sentinel, MEAN=mean,
-        CHECK=bounds_check, BLOCK=REPAIR_BLOCK, num_warps=REPAIR_WARPS,
+        feature_meta, indices, offsets, window, flag, rows, bags, B, total_bags, N, sentinel, MEAN=mean,
+        CHECK=bounds_check, BLOCK=REPAIR_BLOCK, PACKED=bags.dtype == torch.int64, num_warps=REPAIR_WARPS,
     )  # fmt: skip
 
 
 class ForwardPositions:
     """Where the training forward writes the backward's positions (``RunsLaunch.
     forward_positions``): each position's global row (the sort key; ``rows``, the sort's
-    dtype) and its bag and factor packed (``packed``, int64), a bag's repeats of a row within
-    a round of 32 of its ids merged into the first. ``written``: every class of the forward
-    took a kernel that writes them (else the backward makes its positions itself)."""
+    dtype) and its bag (``bags``, int32); with ``merge`` (``RunsLaunch.forward_merge``) a
+    bag's repeats of a row within a round of 32 of its ids merged into the first (the
+    sentinel row for the others) and ``bags`` the bag and factor packed (int64).
+    ``written``: every class of the forward took a kernel that writes them (else the
+    backward makes its positions itself)."""
 
-    __slots__ = ("rows", "packed", "written")
+    __slots__ = ("rows", "bags", "merge", "written")
 
-    def __init__(self, num_indices: int, key_dtype: torch.dtype, device: torch.device):
+    def __init__(self, num_indices: int, key_dtype: torch.dtype, device: torch.device, merge: bool = False):
         self.rows = torch.empty(num_indices, dtype=key_dtype, device=device)
-        self.packed = torch.empty(num_indices, dtype=torch.int64, device=device)
+        self.bags = torch.empty(num_indices, dtype=torch.int64 if merge else torch.int32, device=device)
+        self.merge = merge
         self.written = False
 
     @property

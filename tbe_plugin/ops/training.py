@@ -209,7 +209,7 @@ def plan_in_forward(
         ready = torch.cuda.Event()
         ready.record(side)
     # The inputs are the caller's: their memory is not reused before the plan has read them.
-    kept = (positions.rows, positions.packed) if positions is not None else ()
+    kept = (positions.rows, positions.bags) if positions is not None else ()
     for tensor in (feature_meta, indices, offsets, per_sample_weights, *kept):
         if tensor is not None:
             tensor.record_stream(side)
@@ -239,7 +239,7 @@ def forward_positions_for(
     if not forward_positions_apply(settings, pooling, per_sample_weights is not None, psw_requires_grad,
                                    indices.numel(), total_bags):  # fmt: skip
         return None
-    return ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device)
+    return ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device, settings.forward_merge)
 
 
 def take_plan(early: EarlyPlan) -> BackwardPlan:

@@ -57,6 +57,8 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
         elif fn.__name__ == "_sorted_operands_kernel" and name == "bag_ptr" and constexprs.get("PACKED"):
             sig[name] = "*i64"  # RunsLaunch.merge_repeats: a bag and its factor's bits a word
+        elif name == "bags_out_ptr":  # RunsLaunch.forward_positions: int32 bags, or int64 with the factor packed
+            sig[name] = "*i64" if constexprs.get("MERGE") or constexprs.get("PACKED") else "*i32"
         elif fn.__name__ == "_merged_positions_kernel" and name == "counts_ptr":
             sig[name] = "*i64"
         elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
@@ -172,13 +174,16 @@ def variants():
                     yield forward._warp_pooled_forward_kernel, dict(
                         MEAN=mean, WEIGHTED=weighted, CHECK=True, ALIGN=align, BAGS=bags, UNROLL=block_l,
                         BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full, POSITIONS=False,
+                        MERGE=False,
                     ), (warps, stages), weights, "*i32"  # fmt: skip
                 # RunsLaunch.forward_positions: the training forward writes the backward's positions too.
-                for mean, lean, full, bags_at_once in ((False, True, True, bags), (True, True, False, bags),
-                                                       (False, False, False, 2)):  # fmt: skip
+                for mean, lean, full, bags_at_once, merge in (
+                        (False, True, True, bags, True), (True, True, False, bags, True), (False, False, False, 2, True),
+                        (False, True, True, bags, False), (False, False, False, 2, False)):  # fmt: skip
                     yield forward._warp_pooled_forward_kernel, dict(
                         MEAN=mean, WEIGHTED=False, CHECK=True, ALIGN=align, BAGS=bags_at_once, UNROLL=block_l,
                         BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full, POSITIONS=True,
+                        MERGE=merge,
                     ), (bags_at_once if not lean else warps, stages), weights, "*i32"  # fmt: skip
                 continue
             kernel = forward._flat_pooled_forward_kernel if flat and flat[0] else forward._pooled_forward_kernel
@@ -258,9 +263,10 @@ def variants():
             "*i32"  # fmt: skip
     # RunsLaunch.forward_positions: irregular offsets found, the positions rewritten there.
     yield positions._offsets_irregular_kernel, dict(BLOCK=positions.REPAIR_BLOCK), 4, "*fp32", "*i32"
-    for mean in (False, True):
-        yield positions._repair_positions_kernel, dict(MEAN=mean, CHECK=True, BLOCK=positions.REPAIR_BLOCK), \
-            positions.REPAIR_WARPS, "*fp32", "*i32"  # fmt: skip
+    for mean, packed in ((False, False), (False, True), (True, True)):
+        yield positions._repair_positions_kernel, dict(MEAN=mean, CHECK=True, BLOCK=positions.REPAIR_BLOCK,
+                                                       PACKED=packed), positions.REPAIR_WARPS, "*fp32", "*i32"
+
     # RunsLaunch.hot_rows: the positions kernel counting 16 hot rows a feature, the product, the update.
     yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                            HOT=16, LOG_HOT=4), backward.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip

@@ -1,8 +1,9 @@
-"""RunsLaunch.forward_positions: the training forward's warp kernels write the backward's
-positions (each position's global row, its bag and factor packed), a bag's repeats within a
-round of 32 ids merged into the first; the backward trains from them like the positions
-kernel's plan (up to the merged sums' rounding), bitwise repeatably, and irregular offsets
-are rewritten on the device by the backward's own rule."""
+"""RunsLaunch.forward_positions and forward_merge: the training forward's warp kernels write
+the backward's positions (each position's global row and bag; with the merge, a bag's repeats
+within a round of 32 ids merged into the first, bag and factor packed); the backward trains
+from them as from the positions kernel's plan (bitwise without the merge, up to the merged
+sums' rounding with it, bitwise repeatably), and irregular offsets are rewritten on the
+device by the backward's own rule."""
 
 import dataclasses
 import warnings
@@ -20,6 +21,7 @@ from tests.ops.backward_helpers import build
 
 PLAIN = dataclasses.replace(runs_launch(), plan_in_forward=True, graph_max_ids=0, forward_positions=False)
 FUSED = dataclasses.replace(PLAIN, forward_positions=True)
+MERGED = dataclasses.replace(PLAIN, forward_merge=True)
 SPECS = [(40, 128), (50, 128)]  # 128-column fp32 rows in bags of > 12 ids: the warp kernel (FLAT 4)
 FTM = [0, 1, 0]
 
@@ -62,18 +64,34 @@ def _train(launch, pooling, steps, B=3, bounds="WARNING", batches=None):
     return emb
 
 
+def test_forward_positions_train_bitwise_like_the_positions_kernel(monkeypatch):
+    seen = _spy_plans(monkeypatch)
+    plain = _train(PLAIN, "SUM", steps=2)
+    fused = _train(FUSED, "SUM", steps=2)
+    assert seen[:2] == [None, None] and all(p is not None and p.written and not p.merge for p in seen[2:])
+    assert_bitwise_equal(fused, plain)
+    assert not torch.equal(fused.weights, build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=FTM).weights)
+
+
 @pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
-def test_forward_positions_train_like_the_positions_kernel(monkeypatch, pooling):
+def test_merged_forward_positions_train_like_the_positions_kernel(monkeypatch, pooling):
     seen = _spy_plans(monkeypatch)
     plain = _train(PLAIN, pooling, steps=2)
     assert seen == [None, None]
-    fused = _train(FUSED, pooling, steps=2)
-    assert len(seen) == 4 and all(p is not None and p.written for p in seen[2:])  # the forward wrote them
+    merged = _train(MERGED, pooling, steps=2)
+    assert len(seen) == 4 and all(p is not None and p.written and p.merge for p in seen[2:])
     # The merged repeats add k x a row instead of the row k times: fp32 rounding apart.
-    torch.testing.assert_close(fused.weights, plain.weights, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(fused.momentum1, plain.momentum1, rtol=1e-5, atol=1e-6)
-    assert not torch.equal(fused.weights, build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=FTM).weights)
-    assert_bitwise_equal(fused, _train(FUSED, pooling, steps=2))  # repeatable
+    torch.testing.assert_close(merged.weights, plain.weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(merged.momentum1, plain.momentum1, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(merged.weights, build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=FTM).weights)
+    assert_bitwise_equal(merged, _train(MERGED, pooling, steps=2))  # repeatable
+
+
+def test_mean_without_the_merge_keeps_the_positions_kernel(monkeypatch):
+    """MEAN's factor travels packed with the bag: without the merge the plan makes its own."""
+    seen = _spy_plans(monkeypatch)
+    _train(FUSED, "MEAN", steps=1)
+    assert seen == [None]
 
 
 def _expected_positions(emb, indices, offsets, B, mean):
@@ -101,18 +119,28 @@ def test_the_forward_writes_rows_bags_and_counts(pooling):
     B = 2
     indices, offsets = _long_bags(emb, B, seed=5, hot=0.6)
     indices[offsets[1] + 3] = indices[offsets[1] + 35]  # one id in two rounds of its bag: two kept ids
-    positions = ForwardPositions(indices.numel(), torch.int32, indices.device)
-    status = new_status(indices.device)
-    launch_forward(emb.weights, emb.feature_meta, indices, offsets, None, status, emb.feature_dims,
-                   int(Pooling[pooling]), int(BoundsCheck.WARNING), torch.float32, emb._align, positions)  # fmt: skip
-    assert positions.written
+    written = {}
+    for merge in (False, True):
+        positions = ForwardPositions(indices.numel(), torch.int32, indices.device, merge)
+        status = new_status(indices.device)
+        launch_forward(emb.weights, emb.feature_meta, indices, offsets, None, status, emb.feature_dims,
+                       int(Pooling[pooling]), int(BoundsCheck.WARNING), torch.float32, emb._align,
+                       positions)  # fmt: skip
+        assert positions.written
+        written[merge] = positions
     rows, bags, factors = _expected_positions(emb, indices, offsets, B, pooling == "MEAN")
-    assert torch.equal(positions.rows, rows)
+    assert torch.equal(written[True].rows, rows)
     kept = rows != torch.iinfo(torch.int32).max
     assert 0 < int(kept.sum()) < indices.numel()  # some repeats merged, not all
-    got_bags, got_factors = unpack_bags(positions.packed[kept])
+    got_bags, got_factors = unpack_bags(written[True].bags[kept])
     assert torch.equal(got_bags.long(), bags[kept])
     torch.testing.assert_close(got_factors, factors[kept].float(), rtol=1e-6, atol=0)
+    # Unmerged: every position's own row and its bag.
+    lengths = offsets[1:] - offsets[:-1]
+    every_bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    bases = torch.tensor([sum(emb.table_rows[:t]) for t in emb.feature_table_map])
+    assert torch.equal(written[False].rows.long(), indices + bases[every_bag // B])
+    assert torch.equal(written[False].bags.long(), every_bag)
 
 
 def test_the_warp_kernel_of_several_bags_a_program_writes_them_too():
@@ -122,7 +150,7 @@ def test_the_warp_kernel_of_several_bags_a_program_writes_them_too():
     indices, offsets = _long_bags(emb, B, seed=6, hot=0.5)
     written = {}
     for flat, bags in ((4, 1), (3, 2)):
-        positions = ForwardPositions(indices.numel(), torch.int32, indices.device)
+        positions = ForwardPositions(indices.numel(), torch.int32, indices.device, merge=True)
         out = torch.empty(B, sum(emb.feature_dims))
         assert forward_into(out, emb.weights, emb.feature_meta, None, indices, offsets, None, new_status("cpu"),
                             int(Pooling.SUM), int(BoundsCheck.WARNING), emb._align, (bags, 8, 128, bags, 1, 0, flat),
@@ -130,14 +158,14 @@ def test_the_warp_kernel_of_several_bags_a_program_writes_them_too():
         written[flat] = positions
     assert torch.equal(written[3].rows, written[4].rows)
     kept = written[4].rows != torch.iinfo(torch.int32).max
-    assert torch.equal(written[3].packed[kept], written[4].packed[kept])
+    assert torch.equal(written[3].bags[kept], written[4].bags[kept])
 
 
 def test_other_forward_kernels_leave_the_positions_to_the_backward(monkeypatch):
     """16-column rows take another kernel: nothing written, the plan makes its own."""
     seen = _spy_plans(monkeypatch)
     emb = build("EXACT_ROWWISE_ADAGRAD", specs=[(40, 16), (50, 16)], ftm=FTM)
-    emb.backward_launch = FUSED
+    emb.backward_launch = MERGED
     indices, offsets = _long_bags(emb, 2, seed=7)
     emb(indices, offsets).sum().backward()
     assert len(seen) == 1 and seen[0] is not None and not seen[0].written
@@ -160,34 +188,38 @@ def test_irregular_offsets_are_rewritten_by_the_backward_rule():
     overlap[2] = overlap[1] - 4  # bag 1 starts inside bag 0
     for bad in (gap, overlap):
         models = []
-        for launch in (PLAIN, FUSED):
+        for launch in (PLAIN, FUSED, MERGED):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # the decreasing offset's report
                 models.append(_train(launch, "SUM", steps=1, batches=[(indices, bad)]))
-        assert_bitwise_equal(*models)
+        assert_bitwise_equal(models[0], models[1])
+        assert_bitwise_equal(models[0], models[2])
 
 
 def test_repair_leaves_regular_offsets_alone():
     emb = build("EXACT_ROWWISE_ADAGRAD", specs=SPECS, ftm=FTM)
     indices, offsets = _long_bags(emb, 2, seed=9)
-    rows = torch.full((indices.numel(),), 7, dtype=torch.int32)
-    packed = torch.full((indices.numel(),), 11, dtype=torch.int64)
-    repair_positions(emb.feature_meta, indices, offsets, 2, offsets.numel() - 1, False, True, rows, packed)
-    assert bool((rows == 7).all()) and bool((packed == 11).all())
+    for dtype in (torch.int32, torch.int64):
+        rows = torch.full((indices.numel(),), 7, dtype=torch.int32)
+        bags = torch.full((indices.numel(),), 11, dtype=dtype)
+        repair_positions(emb.feature_meta, indices, offsets, 2, offsets.numel() - 1, False, True, rows, bags)
+        assert bool((rows == 7).all()) and bool((bags == 11).all())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
 def test_forward_positions_on_cuda(monkeypatch, optimizer):
     """Zipf(1.15) ids over three tables of D=128 (B=16384, 20 ids a bag: the warp kernel, hot
-    rows repeating within bags), the plan on the side stream: the step matches the positions
-    kernel's up to fp32 rounding, and two runs agree bit for bit."""
+    rows repeating within bags), the plan on the side stream: the forward's positions train
+    bit for bit as the positions kernel's; merged, up to fp32 rounding, two runs bit for bit."""
     from tests.ops.backward_helpers import assert_step_close, cuda_zipf_steps
 
     seen = _spy_plans(monkeypatch)
     plain = dataclasses.replace(runs_launch(), graph_max_ids=0, forward_positions=False)
     fused = dataclasses.replace(plain, forward_positions=True)
-    modules, _ = cuda_zipf_steps(optimizer, (plain, fused, fused), dims=(128, 128, 128))
+    merged = dataclasses.replace(plain, forward_merge=True)
+    modules, _ = cuda_zipf_steps(optimizer, (plain, fused, merged, merged), dims=(128, 128, 128))
     assert seen[0] is None and all(p is not None and p.written for p in seen[1:])
-    assert_step_close(modules[1], modules[0])
-    assert_bitwise_equal(modules[1], modules[2])
+    assert_bitwise_equal(modules[1], modules[0])  # the positions kernel's plan, bit for bit
+    assert_step_close(modules[2], modules[0])
+    assert_bitwise_equal(modules[2], modules[3])

@@ -166,6 +166,7 @@ CANDIDATES = {
     # whose plan is made in the forward; a backward timed alone plans in the backward, unchanged.
     "fwd_positions": _launch(forward_positions=True),
     "fwd_merge": _launch(forward_merge=True),
+    "no_fwd_positions": _launch(forward_positions=False),
     "merge32_in_place_marks": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True),
     "merge_marks_any": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True,
                                merge_min_ids=0),  # batches of any size (the CPU smoke runs)

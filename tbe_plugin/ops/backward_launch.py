@@ -279,8 +279,8 @@ class RunsLaunch:
     the backward; the plan's kernels did not run beside the dense GEMMs (the device times
     add up to the step) but filled the 0.3 ms the host left idle in the backward; peak
     memory +3.3% (SparseDist) to +6.6% (SemiSync, staleness 1) over FBGEMM's."""
-    forward_positions: bool = False
-    """Candidate (off): with ``plan_in_forward``, the training forward's warp kernels
+    forward_positions: bool = True
+    """With ``plan_in_forward``, the training forward's warp kernels
     (``forward_warp``, FLAT 3 and 4) write the plan's first step as they read each bag's ids
     (each position's global row and bag), so the positions kernel (0.15 ms on ctr-dlrm at
     cd7e699, a binary search of each position's bag) does not run. Irregular offsets (a

@@ -2,10 +2,11 @@
 
 No dense gradient is ever materialized. The backward of one batch:
 
-1. ``_positions_kernel``: for every id (a program per 1024 consecutive positions, its bag
+1. ``positions._positions_kernel``: for every id (a program per 1024 consecutive positions, its bag
    found by a binary search of the offsets the block spans), its global row (rows of all tables stacked,
    with the forward's bounds repair), its bag and its factor (per-sample weight, 1/L for
-   MEAN). Ids outside every bag get a sentinel row.
+   MEAN). Ids outside every bag get a sentinel row. With ``RunsLaunch.forward_positions``
+   (on) the training forward's warp kernels write them (``positions.ForwardPositions``).
    With ``RunsLaunch.merge_repeats`` (a candidate, off), ``positions.merged_positions``
    instead: a bag's repeats of a row within a window of positions become one id whose
    factor sums theirs, the kept ids compacted (their count read on the host) or, in place,
@@ -75,7 +76,10 @@ from tbe_plugin.ops.pieces_launch import (
     short_ids,
 )
 from tbe_plugin.ops.positions import (
+    POSITIONS_BLOCK,
+    POSITIONS_WARPS,
     ForwardPositions,
+    _positions_kernel,
     bag_length,
     bag_rows,
     merged_positions,
@@ -83,50 +87,6 @@ from tbe_plugin.ops.positions import (
     repair_positions,
 )
 from tbe_plugin.ops.update_operands import _cell_argument, _multiprocessors, _update_operands
-
-
-@triton.jit
-def _positions_kernel(
-    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, psw_ptr, rows_out_ptr, bag_out_ptr, scale_out_ptr,
-    B, total_bags, num_indices, sentinel, hot_ptr, hot_counts_ptr,
-    MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, HOT: tl.constexpr = 0,
-    LOG_HOT: tl.constexpr = 0,
-):  # fmt: skip
-    """Per id, BLOCK consecutive positions a program (every load and store contiguous,
-    whatever the bags' lengths): its bag and global row (``positions.bag_rows``: the row is
-    the sort key; with CHECK an id outside its table reads as row 0, the forward's repair),
-    the bag (feature * B + b: what the output-gradient row and the table follow from), and
-    the factor on that row (per-sample weight, 1/L for MEAN). A position in no
-    bag (before the first offset or at or after the last) gets the sentinel row. HOT
-    (``RunsLaunch.hot_rows``; 0: off): an id whose row is one of its feature's HOT hot rows
-    (``hot_ptr[feature]``, its table's, ascending, 2**LOG_HOT of them) adds 1.0 to its (feature, slot,
-    bag) count in ``hot_counts`` and gets the sentinel row: the sort and the pieces skip it."""
-    block = tl.program_id(0).to(tl.int64)
-    p = block * BLOCK + tl.arange(0, BLOCK)
-    inside = p < num_indices
-    bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
-                                        B, total_bags, CHECK)  # fmt: skip
-    keyed = valid
-    if HOT > 0:
-        # Lower bound of the row among the feature's hot rows (ascending, padded above every row).
-        hot = hot_ptr + feature * HOT
-        slot = tl.zeros([BLOCK], dtype=tl.int64)
-        for level in tl.static_range(LOG_HOT):
-            half = HOT >> (level + 1)
-            below = tl.load(hot + slot + half - 1, mask=valid, other=0) < row
-            slot = tl.where(below, slot + half, slot)
-        hit = valid & (slot < HOT) & (tl.load(hot + tl.minimum(slot, HOT - 1), mask=valid, other=-1) == row)
-        tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
-        keyed = valid & ~hit
-    tl.store(rows_out_ptr + p, tl.where(keyed, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
-    tl.store(bag_out_ptr + p, bag.to(bag_out_ptr.dtype.element_ty), mask=valid)
-    if WEIGHTED or MEAN:
-        scale = tl.full([BLOCK], 1.0, tl.float32)
-        if WEIGHTED:
-            scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
-        if MEAN:
-            scale *= tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
-        tl.store(scale_out_ptr + p, scale, mask=valid)
 
 
 @triton.jit
@@ -233,11 +193,6 @@ SORTED_OPERANDS_BLOCK = 1024
 # RunsLaunch.marks_in_operands: the sorted-operands kernel counts the marks per block of the marks kernel's size.
 assert SORTED_OPERANDS_BLOCK == MARKS_BLOCK
 SORTED_OPERANDS_WARPS = 8  # 57 registers (ptxas, sm_90); 4 warps took 96 with the bag's division
-# Positions per program of _positions_kernel, and its warps (4 positions a thread):
-# consecutive positions, so that its loads and stores are contiguous whatever the bags'
-# lengths (a program per bag tile scatters them a bag a lane: ~0.55 TB/s, H200, d488ab2).
-POSITIONS_BLOCK = 1024
-POSITIONS_WARPS = 8
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max

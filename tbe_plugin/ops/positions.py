@@ -1,6 +1,8 @@
 """The backward's first step, shared by its two forms: each id's bag and global row
-(``bag_rows``), and ``RunsLaunch.merge_repeats``: the ids of a bag that repeat a row merged
-into one before the sort (``merged_positions``).
+(``bag_rows``, ``_positions_kernel``), ``RunsLaunch.merge_repeats``: the ids of a bag that
+repeat a row merged into one before the sort (``merged_positions``), and the positions the
+training forward writes (``ForwardPositions``, ``RunsLaunch.forward_positions``) made right
+for irregular offsets (``repair_positions``).
 
 A bag's repeats of a row all read the bag's output-gradient row: for the row's gradient,
 ``k`` of them add ``k`` times that row (times each one's factor). Merged, they are one id
@@ -96,6 +98,67 @@ def pack_bag_factor(bag, factor):
     reads them apart; the sorted operands gather both with one 8-byte load)."""
     bits = factor.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64)
     return (bits << 32) | (bag.to(tl.int64) & 0xFFFFFFFF)
+
+
+# Positions per program of _positions_kernel, and its warps (4 positions a thread):
+# consecutive positions, so that its loads and stores are contiguous whatever the bags'
+# lengths (a program per bag tile scatters them a bag a lane: ~0.55 TB/s, H200, d488ab2).
+POSITIONS_BLOCK = 1024
+POSITIONS_WARPS = 8
+
+
+@triton.jit
+def _positions_kernel(
+    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, psw_ptr, rows_out_ptr, bag_out_ptr, scale_out_ptr,
+    B, total_bags, num_indices, sentinel, hot_ptr, hot_counts_ptr,
+    MEAN: tl.constexpr, WEIGHTED: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, HOT: tl.constexpr = 0,
+    LOG_HOT: tl.constexpr = 0, gate_ptr=None, GATED: tl.constexpr = False, PACKED: tl.constexpr = False,
+):  # fmt: skip
+    """Per id, BLOCK consecutive positions a program (every load and store contiguous,
+    whatever the bags' lengths): its bag and global row (``positions.bag_rows``: the row is
+    the sort key; with CHECK an id outside its table reads as row 0, the forward's repair),
+    the bag (feature * B + b: what the output-gradient row and the table follow from), and
+    the factor on that row (per-sample weight, 1/L for MEAN). A position in no
+    bag (before the first offset or at or after the last) gets the sentinel row. HOT
+    (``RunsLaunch.hot_rows``; 0: off): an id whose row is one of its feature's HOT hot rows
+    (``hot_ptr[feature]``, its table's, ascending, 2**LOG_HOT of them) adds 1.0 to its (feature, slot,
+    bag) count in ``hot_counts`` and gets the sentinel row: the sort and the pieces skip it.
+    GATED (``repair_positions``): nothing unless ``gate_ptr[0]`` is set (each program reads it
+    and returns; at 5788f47 a separate repair kernel masked its work off instead and still ran
+    ``bag_rows``' loop: ~0.17 ms on ctr-dlrm, H200). PACKED: the bag and the factor packed in
+    one int64 at ``bag_out_ptr`` (``pack_bag_factor``), none at ``scale_out_ptr``."""
+    if GATED:
+        if tl.load(gate_ptr) == 0:
+            return
+    block = tl.program_id(0).to(tl.int64)
+    p = block * BLOCK + tl.arange(0, BLOCK)
+    inside = p < num_indices
+    bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
+                                        B, total_bags, CHECK)  # fmt: skip
+    keyed = valid
+    if HOT > 0:
+        # Lower bound of the row among the feature's hot rows (ascending, padded above every row).
+        hot = hot_ptr + feature * HOT
+        slot = tl.zeros([BLOCK], dtype=tl.int64)
+        for level in tl.static_range(LOG_HOT):
+            half = HOT >> (level + 1)
+            below = tl.load(hot + slot + half - 1, mask=valid, other=0) < row
+            slot = tl.where(below, slot + half, slot)
+        hit = valid & (slot < HOT) & (tl.load(hot + tl.minimum(slot, HOT - 1), mask=valid, other=-1) == row)
+        tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
+        keyed = valid & ~hit
+    tl.store(rows_out_ptr + p, tl.where(keyed, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
+    scale = tl.full([BLOCK], 1.0, tl.float32)
+    if WEIGHTED:
+        scale *= tl.load(psw_ptr + p, mask=valid, other=0.0).to(tl.float32)
+    if MEAN:
+        scale *= tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
+    if PACKED:
+        tl.store(bag_out_ptr + p, pack_bag_factor(bag, scale), mask=valid)
+    else:
+        tl.store(bag_out_ptr + p, bag.to(bag_out_ptr.dtype.element_ty), mask=valid)
+        if WEIGHTED or MEAN:
+            tl.store(scale_out_ptr + p, scale, mask=valid)
 
 
 @triton.jit
@@ -238,51 +301,21 @@ def _offsets_irregular_kernel(offsets_ptr, flag_ptr, total_bags, num_indices, BL
         tl.store(flag_ptr, 1)
 
 
-@triton.jit
-def _repair_positions_kernel(
-    feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, flag_ptr, rows_out_ptr, bags_out_ptr, B, total_bags,
-    num_indices, sentinel, MEAN: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr, PACKED: tl.constexpr,
-):  # fmt: skip
-    """Where ``flag_ptr[0]`` is set (``_offsets_irregular_kernel``), each position's row and
-    bag (PACKED: with its factor) by the positions kernel's rule (``bag_rows``), no repeats
-    merged, in the layout the forward writes (``forward_warp._store_positions``); otherwise
-    nothing (each program reads the flag and returns; at 5788f47 every program masked its
-    work off instead and still ran ``bag_rows``' loop: the forward's part of the plan took
-    ~0.17 ms beyond its known kernels on ctr-dlrm, H200)."""
-    if tl.load(flag_ptr) == 0:  # regular offsets (the rule): the forward's positions stand
-        return
-    block = tl.program_id(0).to(tl.int64)
-    p = block * BLOCK + tl.arange(0, BLOCK)
-    inside = p < num_indices
-    bag, valid, feature, row = bag_rows(feature_meta_ptr, indices_ptr, offsets_ptr, window_ptr, block, p, inside,
-                                        B, total_bags, CHECK)  # fmt: skip
-    tl.store(rows_out_ptr + p, tl.where(valid, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
-    if PACKED:
-        factor = tl.full([BLOCK], 1.0, tl.float32)
-        if MEAN:
-            factor = tl.div_rn(1.0, bag_length(offsets_ptr, bag, valid, num_indices).to(tl.float32))
-        tl.store(bags_out_ptr + p, pack_bag_factor(bag, factor), mask=valid)
-    else:
-        tl.store(bags_out_ptr + p, bag.to(tl.int32), mask=valid)
-
-
-REPAIR_BLOCK = 1024
-REPAIR_WARPS = 8
-
-
 def repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, bags) -> None:
     """The forward's positions (``forward_warp._store_positions``: ``bags`` int32, or int64
-    with the factors packed) made right for any offsets: where they do not rise from 0 to the id count (a position in no bag or in two,
-    which the forward reads as its clamped ranges and reports), every position is written
-    again by the backward's own rule, on the device, with no host read."""
+    with the factors packed) made right for any offsets: where they do not rise from 0 to
+    the id count (a position in no bag or in two, which the forward reads as its clamped
+    ranges and reports), the positions kernel writes every position again by the backward's
+    own rule, unmerged, in the same layout, on the device, with no host read."""
     N = indices.numel()
     flag = torch.zeros(1, dtype=torch.int32, device=indices.device)
-    _offsets_irregular_kernel[(cdiv(total_bags, REPAIR_BLOCK),)](offsets, flag, total_bags, N, BLOCK=REPAIR_BLOCK)
-    window = positions_window(offsets, N, REPAIR_BLOCK)
-    sentinel = torch.iinfo(rows.dtype).max
-    _repair_positions_kernel[(cdiv(N, REPAIR_BLOCK),)](
-        feature_meta, indices, offsets, window, flag, rows, bags, B, total_bags, N, sentinel, MEAN=mean,
-        CHECK=bounds_check, BLOCK=REPAIR_BLOCK, PACKED=bags.dtype == torch.int64, num_warps=REPAIR_WARPS,
+    _offsets_irregular_kernel[(cdiv(total_bags, POSITIONS_BLOCK),)](offsets, flag, total_bags, N,
+                                                                    BLOCK=POSITIONS_BLOCK)  # fmt: skip
+    window = positions_window(offsets, N, POSITIONS_BLOCK)
+    _positions_kernel[(window.numel() - 1,)](
+        feature_meta, indices, offsets, window, rows, rows, bags, rows, B, total_bags, N, torch.iinfo(rows.dtype).max,
+        rows, rows, MEAN=mean, WEIGHTED=False, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK, gate_ptr=flag, GATED=True,
+        PACKED=bags.dtype == torch.int64, num_warps=POSITIONS_WARPS,
     )  # fmt: skip
 
 

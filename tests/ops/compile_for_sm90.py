@@ -38,7 +38,7 @@ FP64_POINTERS = ("hyper_ptr",)
 FLOAT_POINTERS += ("piece_scale_ptr",)
 INT8_POINTERS = ("piece_flags_ptr", "out_flags_ptr", "flags_ptr")
 INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr", "short_index_ptr",
-                       "long_index_ptr", "piece_index_ptr")  # fmt: skip
+                       "long_index_ptr", "piece_index_ptr", "flag_ptr", "gate_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
 FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr", "bag_scale_ptr", "touched_ptr")  # hot_rows
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
@@ -57,8 +57,10 @@ def signature(fn, constexprs, weights, keys):
             sig[name] = keys  # the graph's id and offset buffers: int32 or int64, as the caller's
         elif fn.__name__ == "_sorted_operands_kernel" and name == "bag_ptr" and constexprs.get("PACKED"):
             sig[name] = "*i64"  # RunsLaunch.merge_repeats: a bag and its factor's bits a word
-        elif name == "bags_out_ptr":  # RunsLaunch.forward_positions: int32 bags, or int64 with the factor packed
-            sig[name] = "*i64" if constexprs.get("MERGE") or constexprs.get("PACKED") else "*i32"
+        elif name in ("bags_out_ptr", "bag_out_ptr") and (constexprs.get("MERGE") or constexprs.get("PACKED")):
+            sig[name] = "*i64"  # RunsLaunch.forward_positions: a bag and its factor packed
+        elif name == "bags_out_ptr":
+            sig[name] = "*i32"
         elif fn.__name__ == "_merged_positions_kernel" and name == "counts_ptr":
             sig[name] = "*i64"
         elif fn.__name__ == "_sorted_operands_kernel" and name == "perm_ptr" and constexprs.get("SORTED_BAGS"):
@@ -178,8 +180,9 @@ def variants():
                     ), (warps, stages), weights, "*i32"  # fmt: skip
                 # RunsLaunch.forward_positions: the training forward writes the backward's positions too.
                 for mean, lean, full, bags_at_once, merge in (
-                        (False, True, True, bags, True), (True, True, False, bags, True), (False, False, False, 2, True),
-                        (False, True, True, bags, False), (False, False, False, 2, False)):  # fmt: skip
+                        (False, True, True, bags, True), (True, True, False, bags, True),
+                        (False, False, False, 2, True), (False, True, True, bags, False),
+                        (False, False, False, 2, False)):  # fmt: skip
                     yield forward._warp_pooled_forward_kernel, dict(
                         MEAN=mean, WEIGHTED=False, CHECK=True, ALIGN=align, BAGS=bags_at_once, UNROLL=block_l,
                         BLOCK_D=block_d, DIRECT=True, ROUND=forward.LANES, LEAN=lean, FULL=full, POSITIONS=True,
@@ -249,7 +252,7 @@ def variants():
     yield forward._offsets_check_kernel, dict(BLOCK=1024), 4, "*fp32", "*i32"
     for keys in ("*i32", "*i64"):
         yield backward._positions_kernel, dict(MEAN=True, WEIGHTED=True, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
-                                               HOT=0, LOG_HOT=0), \
+                                               HOT=0, LOG_HOT=0, GATED=False, PACKED=False), \
             backward.POSITIONS_WARPS, "*fp32", keys  # fmt: skip
     # RunsLaunch.merge_repeats: windows of 8 to 64, SUM and MEAN weighted, compacted and in
     # place (merge_compact); the compaction.
@@ -262,14 +265,15 @@ def variants():
         yield positions._compact_kernel, dict(BLOCK=positions.merge_block(window)), positions.COMPACT_WARPS, "*fp32", \
             "*i32"  # fmt: skip
     # RunsLaunch.forward_positions: irregular offsets found, the positions rewritten there.
-    yield positions._offsets_irregular_kernel, dict(BLOCK=positions.REPAIR_BLOCK), 4, "*fp32", "*i32"
+    yield positions._offsets_irregular_kernel, dict(BLOCK=positions.POSITIONS_BLOCK), 4, "*fp32", "*i32"
     for mean, packed in ((False, False), (False, True), (True, True)):
-        yield positions._repair_positions_kernel, dict(MEAN=mean, CHECK=True, BLOCK=positions.REPAIR_BLOCK,
-                                                       PACKED=packed), positions.REPAIR_WARPS, "*fp32", "*i32"
-
+        yield positions._positions_kernel, dict(MEAN=mean, WEIGHTED=False, CHECK=True, BLOCK=positions.POSITIONS_BLOCK,
+                                                HOT=0, LOG_HOT=0, GATED=True, PACKED=packed), \
+            positions.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip
     # RunsLaunch.hot_rows: the positions kernel counting 16 hot rows a feature, the product, the update.
     yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
-                                           HOT=16, LOG_HOT=4), backward.POSITIONS_WARPS, "*fp32", "*i32"  # fmt: skip
+                                           HOT=16, LOG_HOT=4, GATED=False, PACKED=False), backward.POSITIONS_WARPS, \
+        "*fp32", "*i32"  # fmt: skip
     for scaled in (False, True):  # SUM, MEAN
         yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024, SCALED=scaled), 4, "*fp32", \
             "*i32"  # fmt: skip

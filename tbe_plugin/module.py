@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from tbe_plugin.ops.bounds import validate_forward_inputs, warn_once
+from tbe_plugin.ops.bounds import validate_forward_inputs
 from tbe_plugin.ops.optimizers import Optimizer, WeightDecay
 from tbe_plugin.ops.training import (
     LookupConfig,
@@ -30,7 +30,7 @@ from tbe_plugin.ops.training import (
 from tbe_plugin.ops.common import BoundsCheck, Pooling, new_status, profiled, vector_alignment
 from tbe_plugin.ops.backward_graphs import BackwardGraphs
 from tbe_plugin.ops.backward_launch import RunsLaunch, class_first_rows, row_classes, runs_launch
-from tbe_plugin.ops.embedding_forward import launch_forward, tbe_forward
+from tbe_plugin.ops.embedding_forward import forward_and_warn, tbe_forward
 from tbe_plugin.ops.indexing import (
     META_COLS,
     META_DIM,
@@ -490,27 +490,13 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
 
     def _forward_kernels(self, indices, offsets, per_sample_weights, positions=None):
         """The forward kernels; ``positions`` (eager training, ``_forward_positions``): the
-        backward's positions written beside the output."""
+        backward's positions written beside the output (not through the registered op)."""
+        args = (self.weights, self.feature_meta, indices, offsets, per_sample_weights, self.bounds_check_status,
+                self.feature_dims, int(self.pooling_mode), int(self.bounds_check_mode), self.output_dtype,
+                self._align)  # fmt: skip
         if positions is not None:
-            mode = int(self.bounds_check_mode)
-            out = launch_forward(self.weights, self.feature_meta, indices, offsets, per_sample_weights,
-                                 self.bounds_check_status, self.feature_dims, int(self.pooling_mode), mode,
-                                 self.output_dtype, self._align, positions)  # fmt: skip
-            warn_once(self.bounds_check_status, mode)
-            return out
-        return tbe_forward(
-            self.weights,
-            self.feature_meta,
-            indices,
-            offsets,
-            per_sample_weights,
-            self.bounds_check_status,
-            self.feature_dims,
-            int(self.pooling_mode),
-            int(self.bounds_check_mode),
-            self.output_dtype,
-            self._align,
-        )
+            return forward_and_warn(*args, positions=positions)
+        return tbe_forward(*args)
 
     # ----------------------------------------------------------------- backward
 
@@ -552,9 +538,6 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
     def _forward_positions(self, indices, offsets, per_sample_weights, psw_requires_grad):
         """Buffers for the backward's positions, which the forward then writes
         (``RunsLaunch.forward_positions``), or None."""
-        launch = self.backward_launch or runs_launch()
-        if not (launch.plan_in_forward and (launch.forward_positions or launch.forward_merge)):
-            return None  # (first: small batches' steps are host-bound)
         return forward_positions_for(self.feature_meta, sum(self.table_rows), indices, offsets, per_sample_weights,
                                      psw_requires_grad, int(self.pooling_mode), self.backward_launch,
                                      self.backward_graphs)  # fmt: skip

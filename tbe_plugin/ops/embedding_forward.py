@@ -528,11 +528,17 @@ def _tbe_forward_impl(
     output_dtype: torch.dtype,
     align: int,
 ) -> torch.Tensor:
+    """``forward_and_warn`` (the registered op's implementation: its schema has no place for
+    the training forward's positions)."""
+    return forward_and_warn(weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling,
+                            bounds_check, output_dtype, align)  # fmt: skip
+
+
+def forward_and_warn(weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling, bounds_check,
+                     output_dtype, align, positions=None) -> torch.Tensor:  # fmt: skip
     """``launch_forward``, then the WARNING mode's warn-once on the persistent status."""
-    out = launch_forward(
-        weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling,
-        bounds_check, output_dtype, align,
-    )  # fmt: skip
+    out = launch_forward(weights, feature_meta, indices, offsets, per_sample_weights, status, dims, pooling,
+                         bounds_check, output_dtype, align, positions)  # fmt: skip
     warn_once(status, bounds_check)
     return out
 

@@ -232,12 +232,13 @@ def forward_positions_for(
     forward (``plan_in_forward``: not an empty batch or one for a captured graph) and the
     option applies (``embedding_backward.forward_positions_apply``); else None."""
     settings = launch or runs_launch()
-    if not _plans_in_forward(settings, feature_meta, indices, offsets, launch, graphs):
-        return None
     num_features = feature_meta.shape[0]
     total_bags = (offsets.numel() - 1) // num_features * num_features
+    # The option first (host arithmetic only), then whether the plan is made in the forward.
     if not forward_positions_apply(settings, pooling, per_sample_weights is not None, psw_requires_grad,
                                    indices.numel(), total_bags):  # fmt: skip
+        return None
+    if not _plans_in_forward(settings, feature_meta, indices, offsets, launch, graphs):
         return None
     return ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device, settings.forward_merge)
 

@@ -261,6 +261,18 @@ class RunsLaunch:
     (tested). At 25326c6 the two passes took 0.20 ms of ctr-dlrm's 2.83 ms backward, the
     sorted operands 0.21. With the marks, a row's start and D are written only where a piece
     starts (the only places read): a run's other ids write 12 bytes fewer. Not timed."""
+    lean_operands: bool = False
+    """Candidate (off), ``pieces``: fewer bytes in the sorted operands. Each id's output-gradient
+    offset as an int32 where every offset of the output gradient fits one (4 bytes written by
+    the sorted-operands kernel and read by the pieces kernels instead of 8), and a row's start
+    and D written only where a piece may start: a run's head or a multiple of ``piece_ids``
+    (a superset of the pieces' starts; found from the row before, with no marks), as
+    ``marks_in_operands`` does with its marks. ctr-dlrm (15.4M ids, ~1.7M such places): ~64 ->
+    ~48 bytes an id of the sorted-operands kernel's ~1 GB. The same values in every sum
+    (bitwise the default's result, tested). ptxas sm_90, the pieces kernel at D=128, fp32,
+    registers int64 -> int32 offsets: rowwise Adagrad unscaled 56 -> 52 (long launch), 63 -> 64
+    (short); ADAM scaled 64 -> 72 (long: 14 two-warp programs fit a multiprocessor, not 16).
+    Not timed."""
     piece_order: bool = False
     """``pieces`` with ``piece_records``, pooled outputs: the pieces kernel visits the
     pieces in the order of the output-gradient rows they first read (``_piece_order_kernel``:

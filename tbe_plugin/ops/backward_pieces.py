@@ -257,7 +257,7 @@ def _piece_operands(
         flags = head.to(tl.int32) + 2 * (head & (after != row)).to(tl.int32)
         dim = tl.load(sorted_dim_ptr + start, mask=live, other=0) // ALIGN * ALIGN
         w_start = tl.load(sorted_w_start_ptr + start, mask=live, other=0) // ALIGN * ALIGN
-        g_first = tl.load(sorted_grad_offset_ptr + start, mask=live, other=0)
+        g_first = tl.load(sorted_grad_offset_ptr + start, mask=live, other=0).to(tl.int64)
         s_first = tl.load(sorted_scale_ptr + start, mask=live & SCALED, other=1.0)
     length = tl.where(live, stop - start, 0).to(tl.int32)  # a piece holds fewer than 2**31 ids
     return start, length, flags, row, dim, w_start, g_first, s_first
@@ -273,7 +273,8 @@ def _step_offsets(sorted_grad_offset_ptr, sorted_scale_ptr, start, length, k0, S
     s = ()
     for u in tl.static_range(UNROLL):
         member = (k0 + u) < length
-        g = g + (tl.load(sorted_grad_offset_ptr + start + k0 + u, mask=member, other=0),)
+        # int64 whatever the stored type (RunsLaunch.lean_operands stores int32).
+        g = g + (tl.load(sorted_grad_offset_ptr + start + k0 + u, mask=member, other=0).to(tl.int64),)
         s = s + (tl.load(sorted_scale_ptr + start + k0 + u, mask=member & SCALED, other=1.0),)
     return g, s
 

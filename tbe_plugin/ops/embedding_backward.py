@@ -96,7 +96,7 @@ def _sorted_operands_kernel(
     B, grad_stride, num_indices, sentinel, flags_ptr, counts_ptr, total_rows,
     UNPOOLED: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
     SORTED_BAGS: tl.constexpr = False, PACKED: tl.constexpr = False,
-    MARKS: tl.constexpr = False, PIECE: tl.constexpr = 1, SHORT: tl.constexpr = 0,
+    MARKS: tl.constexpr = False, PIECE: tl.constexpr = 1, SHORT: tl.constexpr = 0, LEAN: tl.constexpr = False,
 ):  # fmt: skip
     """Per sorted id, what the update kernel needs, stored contiguously in sorted order:
     where its row starts in the flat weights, its D, its output-gradient row (from its bag:
@@ -109,7 +109,10 @@ def _sorted_operands_kernel(
     the pieces design's marks too (``backward_pieces._marks_at``: the valid ids are those of
     rows below ``total_rows``), a byte a position at ``flags_ptr`` (bits: piece, multi run,
     short run, head) and the block's counts at ``counts_ptr`` (``pieces_launch.mark_counts``'
-    layout), so that the marks kernel runs once, from them."""
+    layout), so that the marks kernel runs once, from them. LEAN (``RunsLaunch.lean_operands``,
+    without MARKS): the row's start and D only where a piece may start (a head or a multiple
+    of PIECE); the gradient offset is stored as ``sorted_grad_offset_ptr``'s type (int32 when
+    every offset fits)."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(sorted_rows_ptr + q, mask=q < num_indices, other=sentinel)
     if MARKS:
@@ -145,7 +148,13 @@ def _sorted_operands_kernel(
     w_start = tl.load(meta + _META_WEIGHT_OFFSET, mask=valid, other=0) + local * dim
     # With the marks, the row's start and D only where a piece starts (the pieces design reads
     # them nowhere else): a run's other ids write no bytes for them.
-    starts = valid & piece if MARKS else valid
+    if MARKS:
+        starts = valid & piece
+    elif LEAN:  # a superset of the pieces' starts (backward_pieces._marks_at): heads and grid points
+        before = tl.load(sorted_rows_ptr + q - 1, mask=(q > 0) & (q < num_indices), other=-2)
+        starts = valid & ((row != before) | (q % PIECE == 0))
+    else:
+        starts = valid
     tl.store(sorted_w_start_ptr + q, w_start, mask=starts)
     tl.store(sorted_dim_ptr + q, dim.to(tl.int32), mask=starts)
     if UNPOOLED:
@@ -196,6 +205,8 @@ SORTED_OPERANDS_WARPS = 8  # 57 registers (ptxas, sm_90); 4 warps took 96 with t
 PSW_CONFIG = dict(BLOCK_N=32, num_warps=8)  # 2 warps spilled 2.3 KB a thread
 # Global rows are sorted as int32 below this many rows in all, int64 from there on.
 INT32_KEYS_BELOW = torch.iinfo(torch.int32).max
+# RunsLaunch.lean_operands: gradient offsets as int32 when the output gradient has fewer elements.
+INT32_OFFSETS_BELOW = 2**31
 
 
 class BackwardPlan(NamedTuple):
@@ -305,7 +316,10 @@ def plan_backward(
         sorted_rows, perm = torch.sort(rows, stable=True)
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
-    sorted_grad_offset = torch.empty(N, dtype=torch.int64, device=device)
+    # RunsLaunch.lean_operands: int32 gradient offsets where every offset of the gradient fits.
+    lean = launch.lean_operands and launch.design == "pieces"
+    offset_dtype = torch.int32 if lean and grad_shape[0] * grad_shape[1] < INT32_OFFSETS_BELOW else torch.int64
+    sorted_grad_offset = torch.empty(N, dtype=offset_dtype, device=device)
     sorted_scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
     # The pieces design's marks found here too (RunsLaunch.marks_in_operands): the marks kernel then runs once.
     in_operands = launch.marks_in_operands and launch.design == "pieces"
@@ -318,7 +332,7 @@ def plan_backward(
         perm, sorted_rows, bags, scale, feature_meta, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale,
         B, grad_shape[1], N, sentinel, flags, counts, total_rows, UNPOOLED=pooling == Pooling.NONE, SCALED=scaled,
         BLOCK=SORTED_OPERANDS_BLOCK, SORTED_BAGS=sorted_bags, PACKED=packed, MARKS=in_operands,
-        PIECE=launch.piece_ids, SHORT=short, num_warps=SORTED_OPERANDS_WARPS,
+        PIECE=launch.piece_ids, SHORT=short, LEAN=lean and not in_operands, num_warps=SORTED_OPERANDS_WARPS,
     )  # fmt: skip
     sorted_operands = (sorted_rows, sorted_w_start, sorted_dim, sorted_grad_offset, sorted_scale)
     # Where each class's sorted ids begin (one search per class: the ids are sorted).

@@ -41,13 +41,17 @@ INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr
                        "long_index_ptr", "piece_index_ptr", "flag_ptr", "gate_ptr")  # fmt: skip
 FLOAT_POINTERS += ("out_scale_ptr",)
 FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr", "bag_scale_ptr", "touched_ptr")  # hot_rows
+GRAD32 = {"sorted_grad_offset_ptr": "*i32"}  # RunsLaunch.lean_operands' gradient offsets
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
-def signature(fn, constexprs, weights, keys):
+def signature(fn, constexprs, weights, keys, types=None):
+    """Each argument's type; ``types``: a variant's own types of some pointers."""
     sig = {}
     for name in fn.arg_names:
-        if name in constexprs:
+        if types and name in types:
+            sig[name] = types[name]
+        elif name in constexprs:
             sig[name] = "constexpr"
         elif name == "weights_ptr":
             sig[name] = weights
@@ -298,6 +302,10 @@ def variants():
         operands = dict(UNPOOLED=False, SCALED=scaled, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=False,
                         PACKED=False, MARKS=True, PIECE=RunsLaunch().piece_ids, SHORT=short)  # fmt: skip
         yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", keys
+    # RunsLaunch.lean_operands: int32 gradient offsets, a row's start and D at heads and grid points.
+    operands = dict(UNPOOLED=False, SCALED=False, BLOCK=backward.SORTED_OPERANDS_BLOCK, SORTED_BAGS=False,
+                    PACKED=False, MARKS=False, PIECE=RunsLaunch().piece_ids, SHORT=0, LEAN=True)  # fmt: skip
+    yield backward._sorted_operands_kernel, operands, backward.SORTED_OPERANDS_WARPS, "*fp32", "*i32", GRAD32
     for keys, weighted in (("*i32", True), ("*i64", False)):  # RunsLaunch.graph_fill
         yield graphs._graph_fill_kernel, dict(WEIGHTED=weighted, BLOCK=graphs.FILL_BLOCK), 4, "*fp32", keys
     sizes = RadixSizes()
@@ -340,9 +348,12 @@ def pieces_variants():
                     if block_d <= 256:
                         yield kernel, dict(constexprs, REPEATS=True), sizes.piece_warps, weights, "*i32"
                     if sizes.short_lanes and block_d <= 256:
-                        yield kernel, dict(constexprs, LANES=sizes.short_lanes, RUNS=sizes.short_runs, INDIRECT=True,
-                                           BARRIER=sizes.short_warps > 1, REPEATS=True), sizes.short_warps, weights, \
-                            "*i32"  # fmt: skip
+                        short = dict(constexprs, LANES=sizes.short_lanes, RUNS=sizes.short_runs, INDIRECT=True,
+                                     BARRIER=sizes.short_warps > 1, REPEATS=True)  # fmt: skip
+                        yield kernel, short, sizes.short_warps, weights, "*i32"
+                        if block_d == 128:  # RunsLaunch.lean_operands: int32 gradient offsets, both launches
+                            yield kernel, short, sizes.short_warps, weights, "*i32", GRAD32
+                            yield kernel, constexprs, sizes.piece_warps, weights, "*i32", GRAD32
                     if (weights, optimizer) == PIECES_UPDATES[0]:  # the records, ordered and in-place candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
@@ -389,18 +400,19 @@ def main():
     import sys
 
     only = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None  # kernel names, to compile a few
-    for fn, constexprs, num_warps, weights, keys in variants():
+    for fn, constexprs, num_warps, weights, keys, *types in variants():
         if only is not None and fn.__name__ not in only:
             continue
+        types = types[0] if types else None
         src = ASTSource(
             fn=fn,
-            signature=signature(fn, constexprs, weights, keys),
+            signature=signature(fn, constexprs, weights, keys, types),
             constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
             attrs=pointer_alignment(fn, constexprs),
         )
         num_warps, num_stages = num_warps if isinstance(num_warps, tuple) else (num_warps, 3)  # (warps, stages)
         record = {"kernel": fn.__name__, "weights": weights, "num_warps": num_warps, "num_stages": num_stages,
-                  "constexprs": constexprs}  # fmt: skip
+                  "constexprs": constexprs, **({"types": types} if types else {})}  # fmt: skip
         try:
             kernel = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
             report = resource_report(kernel)

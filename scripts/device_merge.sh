@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
-# The candidate RunsLaunch.merge_repeats (a bag's repeats of a row merged before the sort), in
-# two device calls of under 10 minutes: PARTS="tests profile" (~6 min: its GPU tests and the
-# plan-in-forward, marks and pieces ones; the backward's kernel profile with windows of 32
-# (compacted and in place) and 64 (in place), the short launch of two pieces a group
-# (short_e256) and the marks found beside the operands (marks_in_operands), on ctr-dlrm,
-# long-bags and ctr-mix (batches of 2**20 ids or more: user-id's is graphed, unmerged),
-# FBGEMM's beside), then PARTS="e2e suite"
-# (~5 min: the end to end under SparseDist and staleness 1 with $CANDIDATE and with the
-# default, then the kernel suite with $CANDIDATE; $CANDIDATE is the profile's best on the same
-# warm machine, else merge32; E2E_CANDIDATES="a b": the end to end with each). Results under
-# $OUT: device.txt, gpu_tests.log, profile_backward.json, best_candidate.txt,
-# e2e_<candidate>/e2e.{json,md}, suite_$CANDIDATE/backward.{json,md}.
+# The plan's candidates (RunsLaunch.lean_operands, marks_in_operands, short_e256 and the merges),
+# in two device calls of under 10 minutes: PARTS="tests profile" (~6 min: their GPU tests and the
+# plan-in-forward, marks and pieces ones; the backward's kernel profile of $CANDIDATES on
+# ctr-dlrm, long-bags and ctr-mix, FBGEMM's beside), then PARTS="e2e suite" (~5 min: the end to
+# end under SparseDist and staleness 1 with $CANDIDATE and with the default, then the kernel
+# suite with $CANDIDATE; $CANDIDATE is the profile's best on the same warm machine, else lean;
+# E2E_CANDIDATES="a b": the end to end with each). Results under $OUT: device.txt,
+# gpu_tests.log, profile_backward.json, best_candidate.txt, e2e_<candidate>/e2e.{json,md},
+# suite_$CANDIDATE/backward.{json,md}.
 #   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> PARTS="tests profile" bash scripts/device_merge.sh
-source "$(dirname "$0")/device_common.sh" "candidate merge_repeats"
+source "$(dirname "$0")/device_common.sh" "plan candidates"
 PARTS=${PARTS:-tests profile e2e suite}
 # The best of the profile (profile_backward --best-of: FBGEMM's ms over ours, geomean over its
 # configs, among candidates within 1e-3 of the default's results and nowhere more than 2% slower
 # than it), kept on the warm machine for the next call; read again after this call's profile.
 BEST=/tmp/tbe_best_candidate
-best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-merge32}"; }
+best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-lean}"; }
 CHOSEN=${CANDIDATE:-}
 CANDIDATE=${CHOSEN:-$(best)}
-CANDIDATES=${CANDIDATES:-default,merge32,merge32_in_place,merge64_in_place,short_e256,marks_in_operands}
+CANDIDATES=${CANDIDATES:-default,lean,lean_marks,marks_in_operands,short_e256,lean_marks_e256}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"
   timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_merge_repeats.py \
     tests/ops/test_plan_in_forward.py tests/ops/test_marks_in_operands.py tests/ops/test_backward_pieces.py \
+    tests/ops/test_lean_operands.py \
     2>&1 | tee "$OUT/gpu_tests.log" | tail -4
 fi
 if part profile; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The plan's candidates (RunsLaunch.lean_operands, marks_in_operands, short_e256 and the merges),
+# The plan's candidates (RunsLaunch.lean_operands, with and without marks_in_operands),
 # in two device calls of under 10 minutes: PARTS="tests profile" (~6 min: their GPU tests and the
 # plan-in-forward, marks and pieces ones; the backward's kernel profile of $CANDIDATES on
 # ctr-dlrm, long-bags and ctr-mix, FBGEMM's beside), then PARTS="e2e suite" (~5 min: the end to
@@ -18,7 +18,7 @@ BEST=/tmp/tbe_best_candidate
 best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-lean}"; }
 CHOSEN=${CANDIDATE:-}
 CANDIDATE=${CHOSEN:-$(best)}
-CANDIDATES=${CANDIDATES:-default,lean,lean_marks,marks_in_operands,short_e256,lean_marks_e256}
+CANDIDATES=${CANDIDATES:-default,lean,lean_marks,marks_in_operands}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"

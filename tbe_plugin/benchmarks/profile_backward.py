@@ -169,12 +169,9 @@ CANDIDATES = {
     "no_fwd_positions": _launch(forward_positions=False),
     "merge32_in_place_marks": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True),
     # Fewer bytes in the sorted operands (RunsLaunch.lean_operands): int32 gradient offsets, a row's
-    # start and D only at heads and grid points; with the marks beside the operands too; with
-    # short_e256 (two D=128 pieces a warp in the short launch) too.
+    # start and D only at heads and grid points; with the marks beside the operands too.
     "lean": _launch(lean_operands=True),
     "lean_marks": _launch(lean_operands=True, marks_in_operands=True),
-    "lean_marks_e256": _launch(lean_operands=True, marks_in_operands=True, short_elements=256,
-                               short_warp_elements=256),
     "merge_marks_any": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True,
                                merge_min_ids=0),  # batches of any size (the CPU smoke runs)
 }

@@ -212,8 +212,9 @@ class RunsLaunch:
     warps grow to hold ``short_elements``): 128, 4 a thread; 256, 8 a thread, so that
     ``short_elements=256`` puts two D=128 pieces side by side on one warp (twice the rows
     in flight a program; ptxas sm_90, rowwise fp32 unscaled: 74 registers against 63, ~25
-    one-warp programs a multiprocessor against 32; scaled: 127, 16). Candidate, not timed
-    (profile_backward's ``short_e256``)."""
+    one-warp programs a multiprocessor against 32; scaled: 127, 16). Candidate, loses: H200 at
+    cd7e699 (``profile_backward``'s ``short_e256``, ms a backward, default -> 256; FBGEMM
+    3.57, 4.38, 6.58): ctr-dlrm 2.94 -> 3.18, long-bags 3.47 -> 3.97, ctr-mix 4.43 -> 4.65."""
     short_programs_per_sm: int = 32
     short_fit: bool = True
     """``piece_short``: the short launch's grid cut to the programs that fit a multiprocessor
@@ -260,7 +261,10 @@ class RunsLaunch:
     from the rows each time (a count pass, then a write pass). The same marks, bit for bit
     (tested). At 25326c6 the two passes took 0.20 ms of ctr-dlrm's 2.83 ms backward, the
     sorted operands 0.21. With the marks, a row's start and D are written only where a piece
-    starts (the only places read): a run's other ids write 12 bytes fewer. Not timed."""
+    starts (the only places read): a run's other ids write 12 bytes fewer. H200 at cd7e699
+    (``profile_backward``, ms a backward, default -> with it): ctr-dlrm 2.94 -> 2.91, long-bags
+    3.47 -> 3.57, ctr-mix 4.43 -> 4.42: off (the marks kernel has since packed its three marks
+    in one word: 0.20 -> 0.16 ms on ctr-dlrm, 4118b80)."""
     lean_operands: bool = False
     """Candidate (off), ``pieces``: fewer bytes in the sorted operands. Each id's output-gradient
     offset as an int32 where every offset of the output gradient fits one (4 bytes written by

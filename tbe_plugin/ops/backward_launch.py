@@ -326,7 +326,9 @@ class RunsLaunch:
     once, not the row ``k`` times), bitwise repeatable. Pooled outputs (SUM, MEAN) whose
     per-sample weights need no gradient, eager batches (not a captured graph's), with
     ``torch.sort`` (not ``radix_sort``) and without ``hot_rows``; otherwise the backward
-    runs without it. Not yet timed on a GPU."""
+    runs without it. Loses: H200 at cd7e699 (``profile_backward``, ms a backward, default ->
+    ``merge32`` / ``merge32_in_place``): ctr-dlrm 2.94 -> 3.79 / 3.79, long-bags 3.47 -> 4.74 /
+    4.79, ctr-mix 4.43 -> 5.84 / 5.85."""
     merge_compact: bool = True
     """``merge_repeats``: True, the kept ids compacted before the sort (it sorts only them:
     ctr-dlrm's 15.4M ids -> 11.7M at 32) after one host read of their count a batch, which

@@ -137,6 +137,11 @@ CANDIDATES = {
     "hot16": _launch(hot_rows=16),
     "hot64": _launch(hot_rows=64),
     "hot16_any": _launch(hot_rows=16, hot_min_ids=0),  # batches of any size (the CPU smoke runs)
+    # ... and the other ids compacted before the sort (RunsLaunch.hot_split; one host read a batch).
+    "hot16_split": _launch(hot_rows=16, hot_split=True),
+    "hot32_split": _launch(hot_rows=32, hot_split=True),
+    "hot64_split": _launch(hot_rows=64, hot_split=True),
+    "hot16_split_any": _launch(hot_rows=16, hot_split=True, hot_min_ids=0),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),

@@ -410,6 +410,15 @@ class RunsLaunch:
     """``hot_rows``: ids sampled per feature (evenly spaced) to choose the hot rows."""
     hot_min_ids: int = 1 << 20
     """``hot_rows``: the fewest ids in a batch for which the hot rows are summed apart."""
+    hot_split: bool = False
+    """Candidate (off), with ``hot_rows``: the ids left after the hot ones are compacted before
+    the sort (``hot_split``: a count a block, a running total read on the host, a compaction
+    in the order of the positions), so that the sort, the sorted operands, the marks and the
+    pieces see them alone (``hot_rows`` alone leaves the hot ids in all of them as sentinels:
+    ctr-dlrm's 16 hottest rows a table hold ~50% of its ids). With ``forward_positions`` the
+    hot ids are found in the forward's positions (``hot_split._hot_split_kernel``) instead of
+    by the positions kernel. One host read a batch (the host waits for the device there), so
+    eager batches only (not a captured graph's). Bitwise ``hot_rows``' step (tested). Not timed."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

@@ -39,7 +39,6 @@ aggregated gradient, as FBGEMM's exact optimizers do.
 Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
-import weakref
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -56,7 +55,8 @@ from tbe_plugin.ops.backward_runs import (
     _segment_kernel,
 )
 from tbe_plugin.ops.common import Pooling, cdiv, next_power_of_2
-from tbe_plugin.ops.hot_product import HotTables, choose_hot_rows, hot_step, hot_tables, mean_bag_scale
+from tbe_plugin.ops.hot_product import hot_step, mean_bag_scale
+from tbe_plugin.ops.hot_split import compact_kept, hot_applies, hot_choice, split_applies, split_hot
 from tbe_plugin.ops.radix_sort import sort_pairs
 from tbe_plugin.ops.indexing import (
     _META_COLS,
@@ -266,13 +266,17 @@ def plan_backward(
     weighted = per_sample_weights is not None
     scaled = mean or weighted
     bag_dtype = torch.int32 if total_bags < 2**31 else torch.int64
-    # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies.
-    hot = launch.hot_rows if _hot_applies(launch, pooling, weighted, graphed, N) else 0
+    # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies; with
+    # hot_split the other ids compacted before the sort.
+    hot = launch.hot_rows if hot_applies(launch, pooling, weighted, graphed, N) else 0
+    split = bool(hot) and split_applies(launch, device)
+    tables, hot_rows, feature_hot_rows, hot_counts = hot_choice(feature_meta, indices, offsets, B, hot,
+                                                                launch.hot_sample, bounds_check, total_rows)  # fmt: skip
     if forward_positions is not None and forward_positions.written:
         # Step 1 from the forward (RunsLaunch.forward_positions; forward_merge: a bag's repeats
         # merged in place, the bag and factor packed); rewritten here where the offsets are irregular.
-        if forward_positions.rows.dtype != key_dtype or forward_positions.sentinel != sentinel or radix or hot or (
-                scaled and not forward_positions.merge):
+        if forward_positions.rows.dtype != key_dtype or forward_positions.sentinel != sentinel or radix or (
+                hot and forward_positions.merge) or (scaled and not forward_positions.merge):
             raise ValueError("plan_backward: forward_positions were made for another key type or sort")
         rows, bags = forward_positions.rows, forward_positions.bags
         repair_positions(feature_meta, indices, offsets, B, total_bags, mean, bounds_check, rows, bags)
@@ -280,6 +284,8 @@ def plan_backward(
             N, scaled, scale, packed = rows.numel(), True, bags, True
         else:  # (SUM without per-sample weights: no factor)
             packed, scale = False, torch.empty(1, dtype=torch.float32, device=device)
+        if hot:  # the hot ids counted and given the sentinel row, in place (RunsLaunch.hot_split)
+            split_hot(rows, bags, feature_hot_rows, hot_counts, B, sentinel)
     elif _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
         rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
@@ -293,17 +299,15 @@ def plan_backward(
         scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)
         psw = per_sample_weights if weighted else scale
         window = positions_window(offsets, N, POSITIONS_BLOCK)
-        hot_rows = feature_hot_rows = hot_counts = rows  # never read without it
-        if hot:
-            tables = _hot_tables_of(feature_meta)
-            hot_rows, feature_hot_rows = choose_hot_rows(indices, offsets, feature_meta, tables, B, hot,
-                                                         launch.hot_sample, bounds_check, total_rows)  # fmt: skip
-            hot_counts = torch.zeros(num_features, hot, B, dtype=torch.float32, device=device)
         _positions_kernel[(window.numel() - 1,)](
-            feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N,
-            sentinel, feature_hot_rows, hot_counts, MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check,
-            BLOCK=POSITIONS_BLOCK, HOT=hot, LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
+            feature_meta, indices, offsets, window, psw, rows, bags, scale, B, total_bags, N, sentinel,
+            rows if feature_hot_rows is None else feature_hot_rows, rows if hot_counts is None else hot_counts,
+            MEAN=mean, WEIGHTED=weighted, CHECK=bounds_check, BLOCK=POSITIONS_BLOCK, HOT=hot,
+            LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
         )  # fmt: skip
+    if split:  # only the ids left go on (one host read of their count)
+        rows, bags, kept_scale = compact_kept(rows, bags, scale if scaled and not packed else None, sentinel)
+        N, scale = rows.numel(), scale if kept_scale is None else kept_scale
     # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
     # needs of an id) or their int32 position.
     sorted_bags = radix and pooling != Pooling.NONE and not scaled
@@ -426,17 +430,6 @@ def backward_update(
 
 
 _CLASS_ROWS: dict = {}
-# Per feature-metadata tensor (by id, with a weak reference that proves it is the same one):
-# which features read which table (``hot_product.hot_tables``: a host read once per tensor).
-_HOT_TABLES: dict = {}
-
-
-def _hot_applies(launch: RunsLaunch, pooling: int, weighted: bool, graphed: bool, num_ids: int) -> bool:
-    """Whether ``RunsLaunch.hot_rows`` applies: the pieces design, pooled (SUM or MEAN) without
-    per-sample weights, an eager batch of ``hot_min_ids`` or more."""
-    if not launch.hot_rows or launch.design != "pieces" or pooling == Pooling.NONE or weighted:
-        return False
-    return not graphed and num_ids >= max(launch.hot_min_ids, 1)
 
 
 def sort_key_dtype(total_rows: int) -> torch.dtype:
@@ -448,15 +441,17 @@ def forward_positions_apply(launch: RunsLaunch, pooling: int, weighted: bool, ps
                             num_ids: int, total_bags: int) -> bool:  # fmt: skip
     """Whether the training forward may write this batch's positions (``RunsLaunch.
     forward_positions``, ``forward_merge``): SUM (MEAN with the merge, whose packed factor
-    carries 1/L), no per-sample weights, ``torch.sort``, no hot
-    rows or merge of the backward's own, fewer than 2**31 ids and bags (a bag and a factor
+    carries 1/L), no per-sample weights, ``torch.sort``, no hot rows (but split ones,
+    ``hot_split``) or merge of the backward's own, fewer than 2**31 ids and bags (a bag and a factor
     packed in 64 bits). The caller adds what it knows: an eager batch, its plan made in the
     forward, not a captured graph's."""
     if not (launch.forward_positions or launch.forward_merge) or pooling == Pooling.NONE or weighted:
         return False
     if psw_requires_grad or (pooling == Pooling.MEAN and not launch.forward_merge):  # (MEAN's factor: packed)
         return False
-    if launch.radix_sort or launch.hot_rows or launch.merge_repeats:
+    if launch.radix_sort or (launch.hot_rows and not (launch.hot_split and not launch.forward_merge)):
+        return False
+    if launch.merge_repeats:
         return False
     return 0 < num_ids < 2**31 and total_bags < 2**31
 
@@ -476,14 +471,6 @@ def _merge_applies(launch: RunsLaunch, pooling: int, psw_requires_grad: bool, gr
     if not launch.merge_compact:
         return True
     return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-
-
-def _hot_tables_of(feature_meta: torch.Tensor) -> HotTables:
-    known = _HOT_TABLES.get(id(feature_meta))
-    if known is None or known[0]() is not feature_meta:
-        known = (weakref.ref(feature_meta), hot_tables(feature_meta))
-        _HOT_TABLES[id(feature_meta)] = known
-    return known[1]
 
 
 def _class_rows(classes: Sequence[int], total_rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

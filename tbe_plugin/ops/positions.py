@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.common import cdiv
+from tbe_plugin.ops.hot_split import hot_slot
 from tbe_plugin.ops.indexing import _META_COLS, _META_ROW_BASE, _META_ROWS
 
 
@@ -137,14 +138,7 @@ def _positions_kernel(
                                         B, total_bags, CHECK)  # fmt: skip
     keyed = valid
     if HOT > 0:
-        # Lower bound of the row among the feature's hot rows (ascending, padded above every row).
-        hot = hot_ptr + feature * HOT
-        slot = tl.zeros([BLOCK], dtype=tl.int64)
-        for level in tl.static_range(LOG_HOT):
-            half = HOT >> (level + 1)
-            below = tl.load(hot + slot + half - 1, mask=valid, other=0) < row
-            slot = tl.where(below, slot + half, slot)
-        hit = valid & (slot < HOT) & (tl.load(hot + tl.minimum(slot, HOT - 1), mask=valid, other=-1) == row)
+        slot, hit = hot_slot(hot_ptr, feature, row, valid, HOT, LOG_HOT)
         tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
         keyed = valid & ~hit
     tl.store(rows_out_ptr + p, tl.where(keyed, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)

@@ -23,6 +23,7 @@ from tbe_plugin.ops import embedding_backward as backward  # noqa: E402
 from tbe_plugin.ops.backward_launch import RadixSizes, RunsLaunch, runs_launch  # noqa: E402
 from tbe_plugin.ops import embedding_forward as forward  # noqa: E402
 from tbe_plugin.ops import hot_product as hot  # noqa: E402
+from tbe_plugin.ops import hot_split  # noqa: E402
 from tbe_plugin.ops import pieces_launch  # noqa: E402
 from tbe_plugin.ops import positions  # noqa: E402
 from tbe_plugin.ops import radix_sort as radix  # noqa: E402
@@ -278,6 +279,16 @@ def variants():
     yield backward._positions_kernel, dict(MEAN=False, WEIGHTED=False, CHECK=True, BLOCK=backward.POSITIONS_BLOCK,
                                            HOT=16, LOG_HOT=4, GATED=False, PACKED=False), backward.POSITIONS_WARPS, \
         "*fp32", "*i32"  # fmt: skip
+    # RunsLaunch.hot_split: the hot ids found in the forward's positions, the others compacted.
+    for keys, sentinel in (("*i32", "i32"), ("*i64", "i64")):
+        types = {"bags_ptr": "*i32", "sentinel": sentinel}
+        yield hot_split._hot_split_kernel, dict(HOT=16, LOG_HOT=4, BLOCK=hot_split.SPLIT_BLOCK), \
+            hot_split.SPLIT_WARPS, "*fp32", keys, types  # fmt: skip
+        yield hot_split._kept_counts_kernel, dict(BLOCK=hot_split.SPLIT_BLOCK), hot_split.SPLIT_WARPS, "*fp32", keys, \
+            dict(types, counts_ptr="*i64")  # fmt: skip
+        for scaled in (False, True):
+            yield hot_split._compact_kept_kernel, dict(SCALED=scaled, BLOCK=hot_split.SPLIT_BLOCK), \
+                hot_split.SPLIT_WARPS, "*fp32", keys, types  # fmt: skip
     for scaled in (False, True):  # SUM, MEAN
         yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024, SCALED=scaled), 4, "*fp32", \
             "*i32"  # fmt: skip

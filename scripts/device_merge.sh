@@ -18,7 +18,7 @@ BEST=/tmp/tbe_best_candidate
 best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-lean}"; }
 CHOSEN=${CANDIDATE:-}
 CANDIDATE=${CHOSEN:-$(best)}
-CANDIDATES=${CANDIDATES:-default,lean,hot16,hot16_split,hot32_split,hot64_split}
+CANDIDATES=${CANDIDATES:-default,lean,hot16_split,hot16_split_s1024,hot32_split_s1024,hot64_split}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"

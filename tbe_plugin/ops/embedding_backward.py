@@ -81,7 +81,6 @@ from tbe_plugin.ops.positions import (
     ForwardPositions,
     _positions_kernel,
     bag_length,
-    bag_rows,
     merged_positions,
     positions_window,
     repair_positions,

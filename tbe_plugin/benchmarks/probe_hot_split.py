@@ -77,14 +77,16 @@ def probe(workload: Workload, hots: list[int], samples: list[int], seed: int = 0
     tables = hot_tables(meta)
     total_rows = sum(t.rows for t in workload.tables)
     out = {"config": workload.name, "ids": int(rows.numel()), "default": runs(rows), "split": []}
-    features = torch.repeat_interleave(torch.arange(offsets.numel() - 1) // B, offsets[1:] - offsets[:-1])
+    bounds = offsets[::B].tolist()
     for hot in hots:
         oracle = oracle_share(rows, meta, hot)
         for sample in samples:
             _, per_feature = select_hot_rows(indices, offsets, meta, tables, B, hot, sample, False, total_rows)
-            mine = per_feature[features]  # each id's feature's hot rows (ascending, padded above every row)
-            slot = torch.searchsorted(mine, rows[:, None]).squeeze(1).clamp(max=hot - 1)
-            is_hot = mine.gather(1, slot[:, None]).squeeze(1) == rows
+            is_hot = torch.zeros(rows.numel(), dtype=torch.bool)
+            for f in range(meta.shape[0]):  # a feature at a time: its ids against its hot rows (ascending)
+                mine, part = per_feature[f], rows[bounds[f] : bounds[f + 1]]
+                slot = torch.searchsorted(mine, part).clamp(max=hot - 1)
+                is_hot[bounds[f] : bounds[f + 1]] = mine[slot] == part
             share = float(is_hot.float().mean())
             out["split"].append({"hot_rows": hot, "sample": sample, "hot_share": round(share, 4),
                                  "oracle_share": round(oracle, 4), "left": runs(rows[~is_hot])})  # fmt: skip

@@ -73,6 +73,16 @@ def train_steps(emb, steps, B, max_len, seed, hot, psw=False):
     return emb
 
 
+def train_each(launches, make_module, **batches):
+    """A fresh module (``make_module()``) per launch, each trained by ``train_steps(**batches)``."""
+    trained = []
+    for launch in launches:
+        emb = make_module()
+        emb.backward_launch = launch
+        trained.append(train_steps(emb, **batches))
+    return trained
+
+
 def train_and_compare(emb, optimizer, steps=3, B=4, max_len=5, hot=0.3, weighted=False, **hyper):
     reference = ReferenceTrainer(emb, optimizer, **hyper)
     rows = [emb.table_rows[t] for t in emb.feature_table_map]

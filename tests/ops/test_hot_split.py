@@ -13,7 +13,7 @@ from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import forward_positions_apply
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import build, train_steps
+from tests.ops.backward_helpers import build, train_each
 
 HOT = RunsLaunch(hot_rows=16, hot_sample=8, hot_min_ids=0, graph_max_ids=0, plan_in_forward=False)
 SPLIT = dataclasses.replace(HOT, hot_split=True)
@@ -85,11 +85,8 @@ def test_split_hot_counts_and_marks_the_hot_ids(monkeypatch):
 def test_split_trains_bitwise_like_the_hot_rows(monkeypatch, optimizer, pooling):
     """From the positions kernel (planned in the backward): shared tables, SUM and MEAN."""
     seen = _spy_compactions(monkeypatch)
-    trained = []
-    for launch in (HOT, SPLIT):
-        emb = build(optimizer, pooling=pooling, specs=SPECS, ftm=[0, 1, 2, 0], learning_rate=0.05)
-        emb.backward_launch = launch
-        trained.append(train_steps(emb, steps=2, B=6, max_len=9, seed=13, hot=0.6))
+    trained = train_each((HOT, SPLIT), lambda: build(optimizer, pooling=pooling, specs=SPECS, ftm=[0, 1, 2, 0],
+                                                      learning_rate=0.05), steps=2, B=6, max_len=9, seed=13, hot=0.6)
     assert_bitwise_equal(*trained)
     assert len(seen) == 2 and all(0 < kept < ids for ids, kept in seen)
 

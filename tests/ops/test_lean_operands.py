@@ -12,7 +12,7 @@ from tbe_plugin.ops import embedding_backward, pieces_launch
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import plan_backward
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, build, train_steps
+from tests.ops.backward_helpers import OPTIMIZERS, build, train_each
 
 # Cells of 4 ids, groups of 2 cells (as test_backward_pieces' PIECES); eager, planned in the backward.
 PIECES = dataclasses.replace(
@@ -92,11 +92,9 @@ def test_the_plan_holds_the_defaults_values_where_it_writes(small_blocks, monkey
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_training_is_bitwise_the_same(small_blocks, optimizer):
-    trained = []
-    for lean in (False, True):
-        emb = build(optimizer, pooling="MEAN", learning_rate=0.05)
-        emb.backward_launch = dataclasses.replace(PIECES, piece_short=2, lean_operands=lean)
-        trained.append(train_steps(emb, steps=2, B=7, max_len=12, seed=20, hot=0.8))
+    launches = [dataclasses.replace(PIECES, piece_short=2, lean_operands=lean) for lean in (False, True)]
+    trained = train_each(launches, lambda: build(optimizer, pooling="MEAN", learning_rate=0.05), steps=2, B=7,
+                         max_len=12, seed=20, hot=0.8)  # fmt: skip
     assert_bitwise_equal(*trained)
     assert not torch.equal(trained[0].weights, build(optimizer, pooling="MEAN").weights)
 
@@ -110,12 +108,10 @@ def test_training_is_bitwise_the_same_elsewhere(small_blocks, monkeypatch, case)
         monkeypatch.setattr(embedding_backward, "INT32_OFFSETS_BELOW", 0)
     pooling = "NONE" if case == "unpooled" else "SUM"
     specs = dict(specs=[(300, 8), (90, 8)], ftm=[0, 1, 0]) if case == "unpooled" else {}
-    trained = []
-    for lean in (False, True):
-        emb = build("ADAM", pooling=pooling, learning_rate=0.05, **specs)
-        emb.backward_launch = dataclasses.replace(PIECES, piece_short=2, piece_records=case == "records",
-                                                  lean_operands=lean)  # fmt: skip
-        trained.append(train_steps(emb, steps=2, B=6, max_len=10, seed=40, hot=0.9, psw=case == "weighted"))
+    launches = [dataclasses.replace(PIECES, piece_short=2, piece_records=case == "records", lean_operands=lean)
+                for lean in (False, True)]  # fmt: skip
+    trained = train_each(launches, lambda: build("ADAM", pooling=pooling, learning_rate=0.05, **specs), steps=2,
+                         B=6, max_len=10, seed=40, hot=0.9, psw=case == "weighted")  # fmt: skip
     assert_bitwise_equal(*trained)
 
 

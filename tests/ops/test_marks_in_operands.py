@@ -13,7 +13,7 @@ from tbe_plugin.ops import embedding_backward, pieces_launch
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import plan_backward
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, build, train_steps
+from tests.ops.backward_helpers import OPTIMIZERS, build, train_each, train_steps
 
 # Cells of 4 ids, groups of 2 cells (as test_backward_pieces' PIECES); eager, planned in the backward.
 PIECES = dataclasses.replace(
@@ -100,11 +100,9 @@ def test_hot_rows_apart_and_int64_keys(small_blocks, monkeypatch):
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_training_is_bitwise_the_same(small_blocks, optimizer):
-    trained = []
-    for in_operands in (False, True):
-        emb = build(optimizer, pooling="MEAN", learning_rate=0.05)
-        emb.backward_launch = dataclasses.replace(PIECES, piece_short=2, marks_in_operands=in_operands)
-        trained.append(train_steps(emb, steps=2, B=7, max_len=12, seed=20, hot=0.8))
+    launches = [dataclasses.replace(PIECES, piece_short=2, marks_in_operands=marks) for marks in (False, True)]
+    trained = train_each(launches, lambda: build(optimizer, pooling="MEAN", learning_rate=0.05), steps=2, B=7,
+                         max_len=12, seed=20, hot=0.8)  # fmt: skip
     assert_bitwise_equal(*trained)
     assert not torch.equal(trained[0].weights, build(optimizer, pooling="MEAN").weights)
 

@@ -419,10 +419,11 @@ class RunsLaunch:
     hot ids are found in the forward's positions (``hot_split._hot_split_kernel``) instead of
     by the positions kernel. One host read a batch (the host waits for the device there), so
     eager batches only (not a captured graph's). Bitwise ``hot_rows``' step (tested). What it
-    leaves to the sort (``benchmarks/probe_hot_split``, CPU batches of the same laws, c7e7009):
+    leaves to the sort (``benchmarks/probe_hot_split``, CPU batches of the same laws, a416ab1):
     ctr-dlrm's 15.4M ids -> 7.70M at 16 hot rows a table (sample 1024), 7.64M (4096), 5.77M at 64
     (4096; the batch's own top 64 would leave 5.69M); the ids in runs of more than 16 12.8M ->
-    5.1M (16) and 3.2M (64); long-bags 19.7M -> 12.3M (16), 10.1M (64). Not timed."""
+    5.1M (16) and 3.2M (64); long-bags 19.7M -> 12.3M (16), 10.1M (64); ctr-mix 22.5M -> 11.9M
+    (16), 9.2M (64). Not timed."""
     piece_programs_per_sm: int = 16
     """``pieces``: looping pieces programs per multiprocessor (16 two-warp programs of <= 64
     registers fill one's registers); 0: a program per RUNS pieces of an upper bound (the

@@ -21,12 +21,13 @@ SPECS = [(40, 8), (25, 20), (60, 4)]
 
 
 def _spy_compactions(monkeypatch):
-    """(ids in, ids out) of each compaction."""
+    """(ids in, ids left) of each compaction."""
     seen, original = [], hot_split.compact_kept
 
     def spied(rows, bags, scale, sentinel):
         out = original(rows, bags, scale, sentinel)
-        seen.append((rows.numel(), out[0].numel()))
+        left = int((out[0] != sentinel).sum())  # (nothing left: one sentinel)
+        seen.append((rows.numel(), left))
         return out
 
     monkeypatch.setattr(embedding_backward, "compact_kept", spied)
@@ -89,6 +90,18 @@ def test_split_trains_bitwise_like_the_hot_rows(monkeypatch, optimizer, pooling)
                                                       learning_rate=0.05), steps=2, B=6, max_len=9, seed=13, hot=0.6)
     assert_bitwise_equal(*trained)
     assert len(seen) == 2 and all(0 < kept < ids for ids, kept in seen)
+
+
+def test_every_id_hot(monkeypatch):
+    """Sampling 64 ids a feature of these small batches makes every row hot: nothing is left to
+    the sort (one sentinel goes on), the step is still the hot rows' own."""
+    seen = _spy_compactions(monkeypatch)
+    launches = [dataclasses.replace(launch, hot_sample=64) for launch in (HOT, SPLIT)]
+    trained = train_each(launches, lambda: build("ADAM", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05), steps=2,
+                         B=4, max_len=5, seed=3, hot=0.6)  # fmt: skip
+    assert_bitwise_equal(*trained)
+    assert [left for _, left in seen] == [0, 0]
+    assert not torch.equal(trained[0].weights, build("ADAM", specs=SPECS, ftm=[0, 1, 2]).weights)
 
 
 def test_split_with_int64_keys_and_bad_ids_and_offsets(monkeypatch):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The plan's candidates (RunsLaunch.lean_operands; hot_rows with and without hot_split),
+# The candidates of 2026-12-05c (RunsLaunch.lean_operands, piece_evict; hot_rows with hot_split),
 # in two device calls of under 10 minutes: PARTS="tests profile" (~6 min: their GPU tests and the
 # plan-in-forward, marks and pieces ones; the backward's kernel profile of $CANDIDATES on
 # ctr-dlrm, long-bags and ctr-mix, FBGEMM's beside), then PARTS="e2e suite" (~5 min: the end to
@@ -18,7 +18,7 @@ BEST=/tmp/tbe_best_candidate
 best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-lean}"; }
 CHOSEN=${CANDIDATE:-}
 CANDIDATE=${CHOSEN:-$(best)}
-CANDIDATES=${CANDIDATES:-default,lean,hot16_split,hot16_split_s1024,hot32_split_s1024,hot64_split}
+CANDIDATES=${CANDIDATES:-default,lean,evict,hot16_split,hot16_split_s1024,hot64_split}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"

@@ -179,6 +179,9 @@ CANDIDATES = {
     # Fewer bytes in the sorted operands (RunsLaunch.lean_operands): int32 gradient offsets, a row's
     # start and D only at heads and grid points; with the marks beside the operands too.
     "lean": _launch(lean_operands=True),
+    # L2 eviction hints in the pieces kernel (RunsLaunch.piece_evict): rows and state evict_first,
+    # gradient gathers evict_last.
+    "evict": _launch(piece_evict=True),
     "lean_marks": _launch(lean_operands=True, marks_in_operands=True),
     "merge_marks_any": _launch(merge_repeats=32, merge_compact=False, marks_in_operands=True,
                                merge_min_ids=0),  # batches of any size (the CPU smoke runs)

@@ -265,6 +265,17 @@ class RunsLaunch:
     (``profile_backward``, ms a backward, default -> with it): ctr-dlrm 2.94 -> 2.91, long-bags
     3.47 -> 3.57, ctr-mix 4.43 -> 4.42: off (the marks kernel has since packed its three marks
     in one word: 0.20 -> 0.16 ms on ctr-dlrm, 4118b80)."""
+    piece_evict: bool = False
+    """Candidate (off), ``pieces``: L2 eviction hints in the pieces kernel: its rows' and
+    state's loads and stores ``evict_first`` (each row is read and written once a step), its
+    gradient gathers ``evict_last`` (a batch's gradient rows are read again by every row of
+    their bags). ncu at 246ec7c had ctr-dlrm's short launch at 48% L2 hits moving ~2.1 GB from
+    DRAM at 59% of its bandwidth, while its gradient rows (a table's 8 MB slice at a time, in
+    the sorted order) would fit the 50 MB L2 beside nothing else. The same values (hints move
+    no data). The forward's hints lost at 213d1c3 (0.694 -> 0.836 ms on ctr-dlrm). ptxas sm_90
+    at D=128 (the cache-policy operands), registers without -> with: rowwise Adagrad fp32 long
+    launch 56 -> 60, short 63 -> 63; fp16 66 -> 68, 64 -> 64; ADAM fp32 short 64 -> 79 (fewer
+    of its one-warp programs fit a multiprocessor). Not timed."""
     lean_operands: bool = False
     """Candidate (off), ``pieces``: fewer bytes in the sorted operands. Each id's output-gradient
     offset as an int32 where every offset of the output gradient fits one (4 bytes written by

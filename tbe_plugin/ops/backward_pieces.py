@@ -289,6 +289,7 @@ def _pieces_kernel(
     STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr,
     RUNS: tl.constexpr, UNROLL: tl.constexpr, BARRIER: tl.constexpr, RECORDS: tl.constexpr, STOPS: tl.constexpr,
     GRAD_CELL: tl.constexpr, LANES: tl.constexpr = 0, INDIRECT: tl.constexpr = False, REPEATS: tl.constexpr = False,
+    EVICT: tl.constexpr = False,
 ):  # fmt: skip
     """The class's pieces, RUNS a round per program (a fixed grid looping over them): each
     piece's gradient rows summed in id order (the first id, then UNROLL a step, a step's
@@ -305,7 +306,8 @@ def _pieces_kernel(
     round trip to memory (its rows, state and gradients) instead of three. INDIRECT: the
     class's pieces are the entries of ``piece_index`` (indices into the piece list:
     ``RunsLaunch.piece_short``'s lists of short runs and of the other pieces). REPEATS:
-    ``_piece_group``'s."""
+    ``_piece_group``'s. EVICT (``RunsLaunch.piece_evict``): the rows' and state's loads and
+    stores marked L2 evict-first, the gradient gathers evict-last."""
     grad_ptr = _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL)
     first = tl.load(class_piece_pos_ptr + klass)
     last = tl.load(class_piece_pos_ptr + klass + 1)
@@ -322,7 +324,7 @@ def _pieces_kernel(
             _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr, momentum1_ptr, momentum2_ptr,
                          cell_sums_ptr, head_slots, slot_stride, step_ptr, hyper_ptr, start, length, flags, row, dim,
                          w_start, g_first, s_first, cols, SCALED, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-                         ALIGN, PIECE, RUNS, BLOCK_D, UNROLL, BARRIER, REPEATS)  # fmt: skip
+                         ALIGN, PIECE, RUNS, BLOCK_D, UNROLL, BARRIER, REPEATS, EVICT)  # fmt: skip
     else:
         lanes = tl.arange(0, LANES)
         for base in tl.range(first + tl.program_id(0) * LANES, last, tl.num_programs(0) * LANES, num_stages=1):
@@ -338,7 +340,7 @@ def _pieces_kernel(
                              tl.gather(w_starts, at, 0) // ALIGN * ALIGN,
                              tl.gather(g_firsts, at, 0), tl.gather(s_firsts, at, 0), cols, SCALED, OPTIMIZER,
                              WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, ALIGN, PIECE, RUNS, BLOCK_D, UNROLL,
-                             BARRIER, REPEATS)  # fmt: skip
+                             BARRIER, REPEATS, EVICT)  # fmt: skip
 
 
 @triton.jit
@@ -347,7 +349,7 @@ def _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr
                  g_first, s_first, cols, SCALED: tl.constexpr, OPTIMIZER: tl.constexpr,
                  WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, ALIGN: tl.constexpr,
                  PIECE: tl.constexpr, RUNS: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
-                 BARRIER: tl.constexpr, REPEATS: tl.constexpr = False):  # fmt: skip
+                 BARRIER: tl.constexpr, REPEATS: tl.constexpr = False, EVICT: tl.constexpr = False):  # fmt: skip
     """A group of pieces side by side ([RUNS] operands, ``_piece_operands``): each one's
     gradient rows summed in id order (the first id, then UNROLL a step, a step's gathers
     issued together with the loads of the next step's gradient-row starts); a whole run
@@ -360,17 +362,17 @@ def _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr
     row_mask = live[:, None] & (cols[None, :] < dim[:, None])
     w_ptrs = weights_ptr + w_start[:, None] + cols[None, :]
     w, m1, m2 = load_row_state(w_ptrs, w_start, row, cols, row_mask, whole, momentum1_ptr, momentum2_ptr,
-                               OPTIMIZER)  # fmt: skip
+                               OPTIMIZER, EVICT)  # fmt: skip
     total = tl.zeros([RUNS, BLOCK_D], dtype=tl.float32)
     if REPEATS:
         # An id whose gradient row is its predecessor's (the same bag again: a repeat of
         # the row in one bag, adjacent in the stable sort) takes the row already loaded,
         # unscaled, instead of a gather: the same values added in the same order.
         last_g = g_first
-        last_raw = _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, False, ALIGN)
+        last_raw = _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, False, ALIGN, EVICT)
         total += last_raw * s_first[:, None] if SCALED else last_raw
     else:
-        total += _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN)
+        total += _gather_gradients(grad_ptr, g_first, s_first, live, cols, dim, SCALED, ALIGN, EVICT)
     # Ids 1.. of the pieces, UNROLL a step: the step's gathers issued together with the
     # loads of the next step's gradient-row starts, then summed in id order.
     for k0 in tl.range(1, tl.max(length, axis=0), UNROLL, num_stages=1):
@@ -381,18 +383,19 @@ def _piece_group(grad_ptr, sorted_grad_offset_ptr, sorted_scale_ptr, weights_ptr
             for u in tl.static_range(UNROLL):
                 member = (k0 + u) < length
                 repeat = member & (step_g[u] == last_g)
-                raw = _gather_gradients(grad_ptr, step_g[u], step_s[u], member & ~repeat, cols, dim, False, ALIGN)
+                raw = _gather_gradients(grad_ptr, step_g[u], step_s[u], member & ~repeat, cols, dim, False, ALIGN,
+                                         EVICT)  # fmt: skip
                 raw = tl.where(repeat[:, None], last_raw, raw)
                 total += raw * step_s[u][:, None] if SCALED else raw
                 last_g, last_raw = step_g[u], raw
         else:
             for u in tl.static_range(UNROLL):
                 total += _gather_gradients(grad_ptr, step_g[u], step_s[u], (k0 + u) < length, cols, dim, SCALED,
-                                           ALIGN)  # fmt: skip
+                                           ALIGN, EVICT)  # fmt: skip
     _update_row_state_and_weights(
         total, w, m1, m2, whole, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr,
         step_ptr, hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
-        BARRIER,
+        BARRIER, EVICT,
     )  # fmt: skip
     partial = live & ~whole
     slot = start // PIECE + tl.where(head, head_slots, 0)

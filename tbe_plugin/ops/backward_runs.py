@@ -48,17 +48,19 @@ def _grad_pointer(grad_ptr, grad_cell_ptr, GRAD_CELL: tl.constexpr):
 
 
 @triton.jit
-def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr):
+def _gather_gradients(grad_ptr, start, scale, mask, cols, dim, SCALED: tl.constexpr, ALIGN: tl.constexpr,
+                      EVICT: tl.constexpr = False):  # fmt: skip
     """Output-gradient rows starting at ``start`` [len(start), BLOCK_D] in fp32, times
     ``scale`` (row starts are multiples of ALIGN: written so, Triton reads them with
-    vector loads)."""
+    vector loads). EVICT: the loads marked L2 evict-last (kept)."""
     start = start // ALIGN * ALIGN
     # D too is a multiple of ALIGN, written so: a load is a vector load only where its mask
     # is provably constant over the vector (a D loaded from memory proves nothing), else
     # ALIGN scalar loads (sm_90 PTX: ld.global.b32 -> ld.global.v4.b32).
     dim = dim // ALIGN * ALIGN
     col_mask = mask[:, None] & (cols[None, :] < dim[:, None])
-    g = tl.load(grad_ptr + start[:, None] + cols[None, :], mask=col_mask, other=0.0).to(tl.float32)
+    g = tl.load(grad_ptr + start[:, None] + cols[None, :], mask=col_mask, other=0.0,
+                eviction_policy="evict_last" if EVICT else "").to(tl.float32)  # fmt: skip
     if SCALED:
         g = g * scale[:, None]
     return g
@@ -98,6 +100,7 @@ def _segmented_add(starts_a, sum_a, starts_b, sum_b):
 def _update_row_state_and_weights(
     g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr, hyper_ptr,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BARRIER: tl.constexpr,
+    EVICT: tl.constexpr = False,
 ):  # fmt: skip
     """``apply_update``, after a barrier when rows may be spread over several warps (then
     a warp that stored first would make another update the row again from new values)."""
@@ -105,7 +108,7 @@ def _update_row_state_and_weights(
         tl.debug_barrier()
     apply_update(
         g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim, momentum1_ptr, momentum2_ptr, step_ptr,
-        hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING,
+        hyper_ptr, OPTIMIZER, WEIGHT_DECAY_MODE, STOCHASTIC_ROUNDING, EVICT,
     )  # fmt: skip
 
 

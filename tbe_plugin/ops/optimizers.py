@@ -116,7 +116,7 @@ def _round_to_weights(x, ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING: tl.const
 @triton.jit
 def load_row_state(
     w_ptrs, w_start, row, cols, row_mask, active, momentum1_ptr, momentum2_ptr,
-    OPTIMIZER: tl.constexpr,
+    OPTIMIZER: tl.constexpr, EVICT: tl.constexpr = False,
 ):  # fmt: skip
     """The weights (as fp32) and optimizer state of rows ``row`` (global numbers): the
     update's loads, which kernels issue early so that they overlap the gradient gathers.
@@ -124,23 +124,24 @@ def load_row_state(
     ``w_start`` is each row's first element in the flat weights and ``row_mask`` its
     columns. Optimizer state is laid out as the module keeps it: element-wise state like
     the weights (row ``r`` at ``w_start``), row-wise state by global row. Returns
-    (weights, momentum1, momentum2), a state the optimizer lacks as 0.
+    (weights, momentum1, momentum2), a state the optimizer lacks as 0. EVICT
+    (``RunsLaunch.piece_evict``): the loads marked L2 evict-first.
     """
     mask = row_mask & active[:, None]
-    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptrs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT else "").to(tl.float32)
     element = w_start[:, None] + cols[None, :]
     m1 = 0.0
     m2 = 0.0
     if OPTIMIZER == _ROWWISE_ADAGRAD:
-        m1 = tl.load(momentum1_ptr + row, mask=active, other=0.0)
+        m1 = tl.load(momentum1_ptr + row, mask=active, other=0.0, eviction_policy="evict_first" if EVICT else "")
     elif OPTIMIZER == _ADAGRAD:
-        m1 = tl.load(momentum1_ptr + element, mask=mask, other=0.0)
+        m1 = tl.load(momentum1_ptr + element, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT else "")
     elif OPTIMIZER != _SGD:
-        m1 = tl.load(momentum1_ptr + element, mask=mask, other=0.0)
+        m1 = tl.load(momentum1_ptr + element, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT else "")
         if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
-            m2 = tl.load(momentum2_ptr + row, mask=active, other=0.0)
+            m2 = tl.load(momentum2_ptr + row, mask=active, other=0.0, eviction_policy="evict_first" if EVICT else "")
         else:
-            m2 = tl.load(momentum2_ptr + element, mask=mask, other=0.0)
+            m2 = tl.load(momentum2_ptr + element, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT else "")
     return w, m1, m2
 
 
@@ -149,10 +150,12 @@ def apply_update(
     g, w, m1, m2, active, row_mask, w_ptrs, w_start, row, cols, dim,
     momentum1_ptr, momentum2_ptr, step_ptr, hyper_ptr,
     OPTIMIZER: tl.constexpr, WEIGHT_DECAY_MODE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    EVICT: tl.constexpr = False,
 ):  # fmt: skip
     """One optimizer step on rows ``row`` with gradients ``g`` [R, BLOCK_D], from the
     weights and state ``load_row_state`` read (same operands); stores the new ones.
-    ``active`` masks lanes with no row to update; ``dim`` is each row's D.
+    ``active`` masks lanes with no row to update; ``dim`` is each row's D. EVICT: the
+    stores marked L2 evict-first.
     """
     # Loaded here (cached lines), not by the kernels: not live in registers across their loops.
     lr, eps, beta1, beta2, weight_decay, seed = load_hyper(hyper_ptr)
@@ -167,29 +170,29 @@ def apply_update(
         if WEIGHT_DECAY_MODE == _WD_L2:
             g = tl.where(mask, g + weight_decay * w, 0.0)
         m = m1 + tl.div_rn(tl.sum(g * g, axis=1), dim_f)
-        tl.store(momentum1_ptr + row, m, mask=active)
+        tl.store(momentum1_ptr + row, m, mask=active, eviction_policy="evict_first" if EVICT else "")
         multiplier = tl.div_rn(lr, tl.sqrt_rn(m) + eps)
         if WEIGHT_DECAY_MODE == _WD_DECOUPLE:
             w = w * (1.0 - lr * weight_decay)
         w = w - multiplier[:, None] * g
     elif OPTIMIZER == _ADAGRAD:  # no weight decay either
         m = m1 + g * g
-        tl.store(momentum1_ptr + element, m, mask=mask)
+        tl.store(momentum1_ptr + element, m, mask=mask, eviction_policy="evict_first" if EVICT else "")
         w = w - tl.div_rn(lr * g, tl.sqrt_rn(m) + eps)
     else:
         # Adam family and LAMB: bias-corrected moments with the module's step count;
         # weight decay enters the update (``+ weight_decay * w``), as in FBGEMM.
         t = tl.load(step_ptr).to(tl.float32)
         m1 = beta1 * m1 + (1.0 - beta1) * g
-        tl.store(momentum1_ptr + element, m1, mask=mask)
+        tl.store(momentum1_ptr + element, m1, mask=mask, eviction_policy="evict_first" if EVICT else "")
         m1_hat = tl.div_rn(m1, 1.0 - tl.exp2(t * tl.log2(beta1)))
         if OPTIMIZER == _PARTIAL_ROWWISE_ADAM:
             m2 = beta2 * m2 + (1.0 - beta2) * tl.div_rn(tl.sum(g * g, axis=1), dim_f)
-            tl.store(momentum2_ptr + row, m2, mask=active)
+            tl.store(momentum2_ptr + row, m2, mask=active, eviction_policy="evict_first" if EVICT else "")
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))[:, None]
         else:
             m2 = beta2 * m2 + (1.0 - beta2) * g * g
-            tl.store(momentum2_ptr + element, m2, mask=mask)
+            tl.store(momentum2_ptr + element, m2, mask=mask, eviction_policy="evict_first" if EVICT else "")
             m2_hat = tl.div_rn(m2, 1.0 - tl.exp2(t * tl.log2(beta2)))
         update = tl.where(mask, tl.div_rn(m1_hat, tl.sqrt_rn(m2_hat) + eps) + weight_decay * w, 0.0)
         if OPTIMIZER == _LAMB:
@@ -203,4 +206,4 @@ def apply_update(
     # Random stream per (row, column); int32 offsets (wrapping) are plenty for rounding noise.
     rand_offsets = (row[:, None] * 4096 + cols[None, :]).to(tl.int32)
     w_new = _round_to_weights(w, w_ptrs, seed, rand_offsets, STOCHASTIC_ROUNDING)
-    tl.store(w_ptrs, w_new, mask=mask)
+    tl.store(w_ptrs, w_new, mask=mask, eviction_policy="evict_first" if EVICT else "")

@@ -199,7 +199,7 @@ def _launch_pieces(grad_output, sorted_operands, weights, momentum1, momentum2, 
         rows = min(N, class_rows[klass])  # a head per distinct row
         common = dict(SCALED=scaled, BLOCK_D=sizes.block_d, PIECE=piece, UNROLL=sizes.piece_unroll,
                       GRAD_CELL=grad_cell is not None, REPEATS=launch.piece_repeats and sizes.block_d <= 256,
-                      **modes)  # fmt: skip
+                      EVICT=launch.piece_evict, **modes)  # fmt: skip
         tail = (_cell_argument(grad_cell, grad_output),)
         if short and sizes.short_lanes:  # short runs first: a piece a lane, one warp, their own grid
             short_index, long_index, class_short_pos, class_long_pos = split

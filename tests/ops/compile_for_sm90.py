@@ -43,6 +43,8 @@ INT32_POINTERS_MORE = ("piece_dim_ptr", "out_dim_ptr", "buckets_ptr", "marks_ptr
 FLOAT_POINTERS += ("out_scale_ptr",)
 FLOAT_POINTERS += ("hot_counts_ptr", "partials_ptr", "sums_ptr", "bag_scale_ptr", "touched_ptr")  # hot_rows
 GRAD32 = {"sorted_grad_offset_ptr": "*i32"}  # RunsLaunch.lean_operands' gradient offsets
+NO_EVICT = dict(EVICT=False)  # the pieces kernel's L2 hints (RunsLaunch.piece_evict): none
+EVICT = dict(EVICT=True)
 INT32_POINTERS = ("bag_ptr", "bag_out_ptr", "sorted_dim_ptr", "long_count_ptr", "class_chunk_ptr", "counts_ptr")
 
 
@@ -123,11 +125,21 @@ def resource_report(kernel) -> str:
 
 def global_ops(ptx: str) -> dict:
     """Counts of the PTX's global loads and stores by width (``ld.global.v4.b32``: one
-    16-byte vector load; ``ld.global.b32``: a scalar one)."""
+    16-byte vector load; ``ld.global.b32``: a scalar one), whatever their L2 qualifiers
+    (``ld.global.L1::evict_last.L2::cache_hint.v4.b32`` counts as ``ld.global.v4.b32``: ``l2_hints``)."""
     import collections
     import re
 
-    return dict(collections.Counter(re.findall(r"\b(?:ld|st)\.global(?:\.v\d)?\.b\d+", ptx)))
+    ops = re.findall(r"\b(ld|st)\.global(?:\.L[12]::\w+)*((?:\.v\d)?\.b\d+)", ptx)
+    return dict(collections.Counter(f"{op}.global{width}" for op, width in ops))
+
+
+def l2_hints(ptx: str) -> dict:
+    """Counts of the PTX's L2 eviction policies (``createpolicy ... L2::evict_first``, ``L2::evict_last``:
+    the cache-policy operands of the hinted loads and stores)."""
+    import re
+
+    return {hint: len(re.findall(rf"L2::{hint}\b", ptx)) for hint in ("evict_first", "evict_last")}
 
 
 def parse_registers(report: str) -> int:
@@ -353,7 +365,7 @@ def pieces_variants():
                 if kernel is pieces._pieces_kernel:
                     constexprs.update(SCALED=True, RUNS=sizes.piece_runs, UNROLL=sizes.piece_unroll,
                                       BARRIER=sizes.piece_warps > 1, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False, LANES=0, INDIRECT=False, REPEATS=False)  # fmt: skip
+                                      GRAD_CELL=False, LANES=0, INDIRECT=False, REPEATS=False, **NO_EVICT)  # fmt: skip
                     yield kernel, constexprs, sizes.piece_warps, weights, "*i32"
                     # RunsLaunch.piece_repeats (tiles up to 256): a bag's repeats of a row take the row loaded last
                     if block_d <= 256:
@@ -365,6 +377,9 @@ def pieces_variants():
                         if block_d == 128:  # RunsLaunch.lean_operands: int32 gradient offsets, both launches
                             yield kernel, short, sizes.short_warps, weights, "*i32", GRAD32
                             yield kernel, constexprs, sizes.piece_warps, weights, "*i32", GRAD32
+                            # RunsLaunch.piece_evict: L2 eviction hints, both launches
+                            yield kernel, dict(short, **EVICT), sizes.short_warps, weights, "*i32"
+                            yield kernel, dict(constexprs, **EVICT), sizes.piece_warps, weights, "*i32"
                     if (weights, optimizer) == PIECES_UPDATES[0]:  # the records, ordered and in-place candidates
                         yield kernel, dict(constexprs, RECORDS=True), sizes.piece_warps, weights, "*i32"
                         yield kernel, dict(constexprs, RECORDS=True, STOPS=True), sizes.piece_warps, weights, "*i32"
@@ -402,7 +417,7 @@ def pieces_variants():
     yield pieces._pieces_kernel, dict(OPTIMIZER=1, WEIGHT_DECAY_MODE=1, STOCHASTIC_ROUNDING=False, BLOCK_D=128, ALIGN=4,
                                       PIECE=launch.piece_ids, SCALED=True, RUNS=sizes.piece_runs,
                                       UNROLL=sizes.piece_unroll, BARRIER=True, RECORDS=False, STOPS=False,
-                                      GRAD_CELL=False, LANES=0, INDIRECT=False, REPEATS=False), \
+                                      GRAD_CELL=False, LANES=0, INDIRECT=False, REPEATS=False, **NO_EVICT), \
         sizes.piece_warps, \
         "*fp32", "*i64"  # fmt: skip
 
@@ -430,6 +445,7 @@ def main():
             record["stack_bytes"] = parse_stack_bytes(report)
             record["registers"] = parse_registers(report)
             record["global_ops"] = global_ops(kernel.asm["ptx"])
+            record["l2_hints"] = l2_hints(kernel.asm["ptx"])
         except Exception as error:  # reported, and failed by the test
             record["error"] = f"{type(error).__name__}: {error}"[:2000]
         print(json.dumps(record), flush=True)

@@ -100,8 +100,9 @@ def test_pieces_kernel_updates_rows_with_vector_stores(compiled):
     wide = {"*fp32": "st.global.v4.b32", "*fp16": "st.global.v2.b32"}
     scalar = [r for r in records if r["global_ops"].get(wide.get(r["weights"], "?"), 0) == 0]
     assert not scalar, json.dumps(scalar, indent=1)[:4000]
+    # (The candidate RunsLaunch.piece_evict's cache-policy operands take more: its docstring.)
     short = [r for r in records if r["constexprs"]["LANES"] and r["constexprs"]["INDIRECT"]
-             and r["constexprs"]["BLOCK_D"] == 128]  # fmt: skip
+             and r["constexprs"]["BLOCK_D"] == 128 and not r["constexprs"].get("EVICT")]  # fmt: skip
     assert short and all(r["registers"] <= 64 for r in short), json.dumps(short, indent=1)[:4000]
 
 
@@ -128,6 +129,19 @@ def test_row_gathers_are_vector_loads(compiled):
     narrow = [r for r in half if r["global_ops"].get("ld.global.v4.b32", 0) == 0
               or r["global_ops"].get("ld.global.v2.b32", 0) or r["global_ops"].get("ld.global.b16", 0)]  # fmt: skip
     assert not narrow, json.dumps(narrow, indent=1)[:4000]
+
+
+def test_the_pieces_kernels_l2_hints_only_where_asked(compiled):
+    """RunsLaunch.piece_evict: the rows' and state's accesses evict-first, the gradient gathers
+    evict-last (PTX qualifiers); without it, no hint at all."""
+    pieces = [r for r in compiled if r["kernel"] == "_pieces_kernel"]
+    hinted = [r for r in pieces if r["constexprs"].get("EVICT")]
+    assert len(hinted) >= 2 and len(pieces) > len(hinted)
+    for r in pieces:
+        if r["constexprs"].get("EVICT"):
+            assert r["l2_hints"]["evict_first"] >= 2 and r["l2_hints"]["evict_last"] >= 1, r
+        else:
+            assert r["l2_hints"] == {"evict_first": 0, "evict_last": 0}, r
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """RunsLaunch.lean_operands: the sorted operands with int32 gradient offsets (where the output
 gradient's offsets fit) and a row's start and D written only at a run's head or a multiple of
 ``piece_ids``. The plan holds the default's values wherever it writes, writes them exactly
-there (a superset of the pieces' starts), and training is bit for bit the default's."""
+there (a superset of the pieces' starts), and training is bit for bit the default's; so is
+training with RunsLaunch.piece_evict's L2 hints (which move no data)."""
 
 import dataclasses
 
@@ -113,6 +114,18 @@ def test_training_is_bitwise_the_same_elsewhere(small_blocks, monkeypatch, case)
     trained = train_each(launches, lambda: build("ADAM", pooling=pooling, learning_rate=0.05, **specs), steps=2,
                          B=6, max_len=10, seed=40, hot=0.9, psw=case == "weighted")  # fmt: skip
     assert_bitwise_equal(*trained)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_l2_hints_train_bitwise_the_same(small_blocks, optimizer):
+    """RunsLaunch.piece_evict (hints only, on the pieces kernel's loads and stores): the same
+    step, with and without the lean operands (their PTX: ``test_gpu_compile``)."""
+    launches = [dataclasses.replace(PIECES, piece_short=2, piece_evict=evict, lean_operands=lean)
+                for evict, lean in ((False, False), (True, False), (True, True))]  # fmt: skip
+    trained = train_each(launches, lambda: build(optimizer, learning_rate=0.05), steps=2, B=7, max_len=12, seed=21,
+                         hot=0.8)  # fmt: skip
+    assert_bitwise_equal(trained[0], trained[1])
+    assert_bitwise_equal(trained[0], trained[2])
 
 
 def test_the_chunk_design_keeps_its_operands():

@@ -139,7 +139,8 @@ def _long_bags(B, seed, rows=(40, 50, 40), lo=13, hi=30):
 def test_split_from_the_forwards_positions(monkeypatch, irregular):
     """Planned in the forward, from the positions the forward wrote (the hot ids found by
     ``_hot_split_kernel``), against the hot rows from the positions kernel; irregular offsets
-    (a first offset above 0: positions in no bag) repaired on the device first."""
+    (a first offset above 0: positions in no bag) repaired on the device first, and ids
+    outside their tables read as row 0."""
     from tbe_plugin.ops import training
 
     written, original = [], training.plan_backward
@@ -161,6 +162,7 @@ def test_split_from_the_forwards_positions(monkeypatch, irregular):
             indices, offsets = _long_bags(3, seed=40 + step)
             if irregular:
                 offsets[0] = 2
+                indices[5], indices[-3] = 999, -4  # outside their tables: row 0 (the forward's repair)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # the offsets' report (once a module)
                 out = emb(indices, offsets)

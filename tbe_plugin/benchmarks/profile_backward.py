@@ -144,6 +144,9 @@ CANDIDATES = {
     # ... choosing from 1024 sampled ids a feature instead of 4096 (the choice's tl.sort a quarter as long).
     "hot16_split_s1024": _launch(hot_rows=16, hot_split=True, hot_sample=1024),
     "hot32_split_s1024": _launch(hot_rows=32, hot_split=True, hot_sample=1024),
+    # The three of 2026-12-05c together: the split hot rows, the lean operands, the L2 hints.
+    "stack16": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True),
+    "stack64": _launch(hot_rows=64, hot_split=True, lean_operands=True, piece_evict=True),
     "hot16_split_any": _launch(hot_rows=16, hot_split=True, hot_min_ids=0),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),

@@ -92,6 +92,17 @@ def test_split_trains_bitwise_like_the_hot_rows(monkeypatch, optimizer, pooling)
     assert len(seen) == 2 and all(0 < kept < ids for ids, kept in seen)
 
 
+def test_split_with_the_lean_operands_and_l2_hints(monkeypatch):
+    """The split beside RunsLaunch.lean_operands and piece_evict (profile_backward's stack16):
+    the split's step, bit for bit."""
+    seen = _spy_compactions(monkeypatch)
+    launches = (SPLIT, dataclasses.replace(SPLIT, lean_operands=True, piece_evict=True))
+    trained = train_each(launches, lambda: build("ADAM", pooling="MEAN", specs=SPECS, ftm=[0, 1, 2],
+                                                 learning_rate=0.05), steps=2, B=6, max_len=9, seed=17, hot=0.6)
+    assert_bitwise_equal(*trained)
+    assert len(seen) == 4 and all(0 < left < ids for ids, left in seen)
+
+
 def test_every_id_hot(monkeypatch):
     """Sampling 64 ids a feature of these small batches makes every row hot: nothing is left to
     the sort (one sentinel goes on), the step is still the hot rows' own."""

@@ -268,6 +268,7 @@ def plan_backward(
     # Each feature's hottest rows summed apart (RunsLaunch.hot_rows), where it applies; with
     # hot_split the other ids compacted before the sort.
     hot = launch.hot_rows if hot_applies(launch, pooling, weighted, graphed, N) else 0
+    kept_counts = None  # each block's count of the ids the split leaves, where the split kernel ran
     split = bool(hot) and split_applies(launch, device)
     tables, hot_rows, feature_hot_rows, hot_counts = hot_choice(feature_meta, indices, offsets, B, hot,
                                                                 launch.hot_sample, bounds_check, total_rows)  # fmt: skip
@@ -284,7 +285,7 @@ def plan_backward(
         else:  # (SUM without per-sample weights: no factor)
             packed, scale = False, torch.empty(1, dtype=torch.float32, device=device)
         if hot:  # the hot ids counted and given the sentinel row, in place (RunsLaunch.hot_split)
-            split_hot(rows, bags, feature_hot_rows, hot_counts, B, sentinel)
+            kept_counts = split_hot(rows, bags, feature_hot_rows, hot_counts, B, sentinel)
     elif _merge_applies(launch, pooling, psw_requires_grad, graphed, radix, hot, total_bags, N, device):
         # Repeats of a row in a bag merged (RunsLaunch.merge_repeats): fewer ids, each scaled.
         rows, bags = merged_positions(feature_meta, indices, offsets, per_sample_weights, B, total_bags, key_dtype,
@@ -305,7 +306,8 @@ def plan_backward(
             LOG_HOT=hot.bit_length() - 1 if hot else 0, num_warps=POSITIONS_WARPS,
         )  # fmt: skip
     if split:  # only the ids left go on (one host read of their count)
-        rows, bags, kept_scale = compact_kept(rows, bags, scale if scaled and not packed else None, sentinel)
+        rows, bags, kept_scale = compact_kept(rows, bags, scale if scaled and not packed else None, sentinel,
+                                              kept_counts)  # fmt: skip
         N, scale = rows.numel(), scale if kept_scale is None else kept_scale
     # With the radix sort, the sorted ids carry their bag (pooled, unscaled: all the update
     # needs of an id) or their int32 position.

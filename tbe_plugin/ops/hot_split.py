@@ -12,7 +12,8 @@ order of their positions, so that everything from the sort on sees them alone:
    ``HOT``), counts a hit into ``hot_counts`` (fp32 atomics of 1.0: exact small integers, the
    same counts in any order) and writes the sentinel row over it, in place. Without the
    forward's positions the positions kernel does the same as it makes them.
-2. ``_kept_counts_kernel``: each block's count of ids left (rows below the sentinel).
+2. Each block's count of the ids left (by ``_hot_split_kernel`` in the same pass; from the
+   positions kernel's positions, ``_kept_counts_kernel``).
 3. Their running total, read on the host (one device-to-host read a batch: the sort takes
    its size from it; the host waits for the device there).
 4. ``_compact_kept_kernel``: the ids left, their rows, bags and factors, at their places in
@@ -55,10 +56,11 @@ def hot_slot(hot_ptr, feature, row, valid, HOT: tl.constexpr, LOG_HOT: tl.conste
 
 
 @triton.jit
-def _hot_split_kernel(rows_ptr, bags_ptr, hot_ptr, hot_counts_ptr, B, num_indices, sentinel,
+def _hot_split_kernel(rows_ptr, bags_ptr, hot_ptr, hot_counts_ptr, kept_ptr, B, num_indices, sentinel,
                       HOT: tl.constexpr, LOG_HOT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Per position of the forward's (row, bag): an id whose row is one of its feature's hot
-    rows adds 1.0 to its (feature, slot, bag) count and takes the sentinel row."""
+    rows adds 1.0 to its (feature, slot, bag) count and takes the sentinel row; the block's
+    count of the ids left at ``kept_ptr[block]`` (``_kept_counts_kernel``'s, in the same pass)."""
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = p < num_indices
     row = tl.load(rows_ptr + p, mask=inside, other=sentinel).to(tl.int64)
@@ -68,6 +70,7 @@ def _hot_split_kernel(rows_ptr, bags_ptr, hot_ptr, hot_counts_ptr, B, num_indice
     slot, hit = hot_slot(hot_ptr, feature, row, valid, HOT, LOG_HOT)
     tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
     tl.store(rows_ptr + p, tl.full(row.shape, sentinel, tl.int64).to(rows_ptr.dtype.element_ty), mask=hit)
+    tl.store(kept_ptr + tl.program_id(0), tl.sum((valid & ~hit).to(tl.int64), axis=0))
 
 
 @triton.jit
@@ -96,10 +99,11 @@ def _compact_kept_kernel(rows_ptr, bags_ptr, scale_ptr, totals_ptr, rows_out_ptr
 
 
 def split_hot(rows: torch.Tensor, bags: torch.Tensor, feature_hot_rows: torch.Tensor, hot_counts: torch.Tensor,
-              batch_size: int, sentinel: int) -> None:  # fmt: skip
+              batch_size: int, sentinel: int) -> torch.Tensor:  # fmt: skip
     """Step 1 on the forward's positions (``rows`` the sort's dtype, ``bags`` int32, in place):
     ``feature_hot_rows`` (F, K) each feature's hot rows, ascending; ``hot_counts`` (F, K, B)
-    fp32 zeros, counted into."""
+    fp32 zeros, counted into. Returns each block's count of the ids left (``compact_kept``'s
+    ``counts``: step 2 done in the same pass)."""
     K = feature_hot_rows.shape[1]
     N = rows.numel()
     if bags.dtype != torch.int32 or bags.numel() != N:
@@ -107,25 +111,27 @@ def split_hot(rows: torch.Tensor, bags: torch.Tensor, feature_hot_rows: torch.Te
     if K < 1 or K & (K - 1) or tuple(hot_counts.shape) != (feature_hot_rows.shape[0], K, batch_size):
         raise ValueError(f"split_hot: hot_counts must be (F, K, B) with K a power of two, got "
                          f"{tuple(hot_counts.shape)} for {tuple(feature_hot_rows.shape)} hot rows, B={batch_size}")
+    kept = torch.zeros(max(cdiv(N, SPLIT_BLOCK), 1), dtype=torch.int64, device=rows.device)
     if N:
         _hot_split_kernel[(cdiv(N, SPLIT_BLOCK),)](
-            rows, bags, feature_hot_rows, hot_counts, batch_size, N, sentinel, HOT=K, LOG_HOT=K.bit_length() - 1,
-            BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS,
+            rows, bags, feature_hot_rows, hot_counts, kept, batch_size, N, sentinel, HOT=K,
+            LOG_HOT=K.bit_length() - 1, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS,
         )  # fmt: skip
+    return kept
 
 
-def compact_kept(rows: torch.Tensor, bags: torch.Tensor, scale: Optional[torch.Tensor],
-                 sentinel: int) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:  # fmt: skip
+def compact_kept(rows: torch.Tensor, bags: torch.Tensor, scale: Optional[torch.Tensor], sentinel: int,
+                 counts: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Steps 2 to 4: the positions whose row is not ``sentinel``, in order: (rows, bags,
     factors or None). At least one entry: when no id is left, one sentinel (the plan's
-    kernels then see an empty batch). One host read of the count."""
+    kernels then see an empty batch). One host read of the count. ``counts``: each block's
+    count of them already (``split_hot``'s), else counted here."""
     N, device = rows.numel(), rows.device
     programs = cdiv(N, SPLIT_BLOCK)
-    counts = torch.empty(max(programs, 1), dtype=torch.int64, device=device)
-    if programs:
-        _kept_counts_kernel[(programs,)](rows, counts, N, sentinel, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS)
-    else:
-        counts.zero_()
+    if counts is None:
+        counts = torch.zeros(max(programs, 1), dtype=torch.int64, device=device)
+        if programs:
+            _kept_counts_kernel[(programs,)](rows, counts, N, sentinel, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS)
     totals = torch.cumsum(counts, 0)
     kept = int(totals[-1])  # the host waits for the device: the sort takes its size from it
     size = max(kept, 1)

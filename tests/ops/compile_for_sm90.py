@@ -295,7 +295,7 @@ def variants():
     for keys, sentinel in (("*i32", "i32"), ("*i64", "i64")):
         types = {"bags_ptr": "*i32", "sentinel": sentinel}
         yield hot_split._hot_split_kernel, dict(HOT=16, LOG_HOT=4, BLOCK=hot_split.SPLIT_BLOCK), \
-            hot_split.SPLIT_WARPS, "*fp32", keys, types  # fmt: skip
+            hot_split.SPLIT_WARPS, "*fp32", keys, dict(types, kept_ptr="*i64")  # fmt: skip
         yield hot_split._kept_counts_kernel, dict(BLOCK=hot_split.SPLIT_BLOCK), hot_split.SPLIT_WARPS, "*fp32", keys, \
             dict(types, counts_ptr="*i64")  # fmt: skip
         for scaled in (False, True):

@@ -24,8 +24,8 @@ def _spy_compactions(monkeypatch):
     """(ids in, ids left) of each compaction."""
     seen, original = [], hot_split.compact_kept
 
-    def spied(rows, bags, scale, sentinel):
-        out = original(rows, bags, scale, sentinel)
+    def spied(rows, bags, scale, sentinel, counts=None):
+        out = original(rows, bags, scale, sentinel, counts)
         left = int((out[0] != sentinel).sum())  # (nothing left: one sentinel)
         seen.append((rows.numel(), left))
         return out
@@ -71,8 +71,9 @@ def test_split_hot_counts_and_marks_the_hot_ids(monkeypatch):
     hot = torch.full((2, 16), 99, dtype=torch.int64)
     hot[0, :2], hot[1, :2] = torch.tensor([2, 7]), torch.tensor([11, 12])
     counts = torch.zeros(2, 16, 3)
-    hot_split.split_hot(rows, bags, hot, counts, 3, sentinel)
+    kept = hot_split.split_hot(rows, bags, hot, counts, 3, sentinel)
     assert rows.tolist() == [sentinel, 3, sentinel, sentinel, 5, sentinel, sentinel, sentinel, 10, sentinel]
+    assert kept.tolist() == [1, 1, 1]  # blocks of 4 positions: ids 3 | 5 | 10 left
     want = torch.zeros(2, 16, 3)
     want[0, 0, 0] = want[0, 1, 1] = want[0, 0, 2] = 1  # row 2 in bags 0 and 2, row 7 in bag 1
     want[1, 0, 0] = want[1, 1, 0] = want[1, 0, 2] = 1  # feature 1's bags 3 and 5 are its bags 0 and 2

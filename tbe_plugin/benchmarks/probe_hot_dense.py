@@ -24,13 +24,11 @@ the CPU (the tests check the product against the gathered sums).
 """
 
 import argparse
-import json
-import os
 import statistics
 
 import torch
 
-from tbe_plugin.benchmarks.report import git_state
+from tbe_plugin.benchmarks.report import git_state, write_json
 from tbe_plugin.ops.hot_product import hot_sums
 from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
 
@@ -178,9 +176,7 @@ def main(argv=None) -> dict:
             raise SystemExit(f"unknown config {args.config!r}; one of {', '.join(configs)}")
         workload, device = configs[args.config], torch.device("cuda")
     report = probe(workload, [int(k) for k in args.top.split(",")], args.iters, device)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_hot_dense.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_json(args.out, "probe_hot_dense.json", report)
     return report
 
 

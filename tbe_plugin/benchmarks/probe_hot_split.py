@@ -19,11 +19,10 @@ commit and dirty flag. ``--smoke``: a tiny workload (the tests run it).
 
 import argparse
 import json
-import os
 
 import torch
 
-from tbe_plugin.benchmarks.report import git_state
+from tbe_plugin.benchmarks.report import git_state, write_json
 from tbe_plugin.ops.hot_product import hot_tables, select_hot_rows
 from tbe_plugin.ops.indexing import META_COLS, META_ROW_BASE, META_ROWS
 from tbe_plugin.workloads import TableWorkload, Workload, generate_batch
@@ -114,9 +113,7 @@ def main(argv=None) -> dict:
     for workload in workloads:
         results["configs"].append(probe(workload, hots, samples))
         print(json.dumps(results["configs"][-1]), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_hot_split.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(args.out, "probe_hot_split.json", results)
     return results
 
 

@@ -47,6 +47,15 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def write_json(out_dir: str | Path, name: str, payload: dict) -> Path:
+    """Write ``out_dir/name`` (JSON, the directory made if missing); return its path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
 def write_report(out_dir: str | Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     """Write ``out_dir/stem.json`` and ``out_dir/stem.md``; return both paths."""
     out = Path(out_dir)

@@ -441,7 +441,7 @@ class TritonTableBatchedEmbeddingBags(nn.Module):
         (``RunsLaunch.forward_positions``), or None."""
         return forward_positions_for(self.feature_meta, sum(self.table_rows), indices, offsets, per_sample_weights,
                                      psw_requires_grad, int(self.pooling_mode), self.backward_launch,
-                                     self.backward_graphs)  # fmt: skip
+                                     self.backward_graphs, self.bounds_check_mode != BoundsCheck.NONE)  # fmt: skip
 
     @torch.no_grad()
     def _plan_backward(self, indices, offsets, per_sample_weights, psw_requires_grad, output, positions=None):

@@ -270,8 +270,12 @@ def plan_backward(
     hot = launch.hot_rows if hot_applies(launch, pooling, weighted, graphed, N) else 0
     kept_counts = None  # each block's count of the ids the split leaves, where the split kernel ran
     split = bool(hot) and split_applies(launch, device)
-    tables, hot_rows, feature_hot_rows, hot_counts = hot_choice(feature_meta, indices, offsets, B, hot,
-                                                                launch.hot_sample, bounds_check, total_rows)  # fmt: skip
+    early = forward_positions.hot if forward_positions is not None else None  # chosen beside the lookup
+    if hot and early is not None and early[3].shape[1] == hot:
+        tables, hot_rows, feature_hot_rows, hot_counts = early
+    else:
+        tables, hot_rows, feature_hot_rows, hot_counts = hot_choice(feature_meta, indices, offsets, B, hot,
+                                                                    launch.hot_sample, bounds_check, total_rows)
     if forward_positions is not None and forward_positions.written:
         # Step 1 from the forward (RunsLaunch.forward_positions; forward_merge: a bag's repeats
         # merged in place, the bag and factor packed); rewritten here where the offsets are irregular.

@@ -320,15 +320,17 @@ class ForwardPositions:
     bag's repeats of a row within a round of 32 of its ids merged into the first (the
     sentinel row for the others) and ``bags`` the bag and factor packed (int64).
     ``written``: every class of the forward took a kernel that writes them (else the
-    backward makes its positions itself)."""
+    backward makes its positions itself). ``hot``: the batch's hot rows (``hot_split.
+    hot_choice``' tuple), chosen before the lookup beside it (``RunsLaunch.hot_split``), or None."""
 
-    __slots__ = ("rows", "bags", "merge", "written")
+    __slots__ = ("rows", "bags", "merge", "written", "hot")
 
     def __init__(self, num_indices: int, key_dtype: torch.dtype, device: torch.device, merge: bool = False):
         self.rows = torch.empty(num_indices, dtype=key_dtype, device=device)
         self.bags = torch.empty(num_indices, dtype=torch.int64 if merge else torch.int32, device=device)
         self.merge = merge
         self.written = False
+        self.hot = None
 
     @property
     def sentinel(self) -> int:

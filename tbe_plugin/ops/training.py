@@ -34,6 +34,7 @@ from tbe_plugin.ops.embedding_backward import (
 )
 from tbe_plugin.ops.embedding_forward import launch_forward, output_shape
 from tbe_plugin.ops.optimizers import OptimizerArgs
+from tbe_plugin.ops.hot_split import hot_applies, hot_choice
 from tbe_plugin.ops.positions import ForwardPositions
 
 
@@ -226,11 +227,14 @@ def forward_positions_for(
     pooling: int,
     launch: Optional[RunsLaunch] = None,
     graphs: Optional[BackwardGraphs] = None,
+    bounds_check: bool = True,
 ) -> Optional[ForwardPositions]:
     """Buffers for the backward's positions, which the training forward then writes beside
     its output (``RunsLaunch.forward_positions``), where this batch's plan is made in its
     forward (``plan_in_forward``: not an empty batch or one for a captured graph) and the
-    option applies (``embedding_backward.forward_positions_apply``); else None."""
+    option applies (``embedding_backward.forward_positions_apply``); else None. With
+    ``RunsLaunch.hot_split`` the batch's hot rows are chosen now, before the lookup, on the
+    plan's side stream (on CUDA), so that the choice runs beside the lookup."""
     settings = launch or runs_launch()
     num_features = feature_meta.shape[0]
     total_bags = (offsets.numel() - 1) // num_features * num_features
@@ -240,7 +244,24 @@ def forward_positions_for(
         return None
     if not _plans_in_forward(settings, feature_meta, indices, offsets, launch, graphs):
         return None
-    return ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device, settings.forward_merge)
+    positions = ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device, settings.forward_merge)
+    if settings.hot_split and hot_applies(settings, pooling, per_sample_weights is not None, False, indices.numel()):
+        B = (offsets.numel() - 1) // feature_meta.shape[0]
+
+        def choose():
+            return hot_choice(feature_meta, indices, offsets, B, settings.hot_rows, settings.hot_sample, bounds_check,
+                              total_rows)  # fmt: skip
+
+        if indices.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            positions.hot = choose()
+        else:  # on the plan's side stream, which the plan then continues after the lookup
+            side = _side_stream(indices.device)
+            side.wait_stream(torch.cuda.current_stream(indices.device))
+            with torch.cuda.stream(side):
+                positions.hot = choose()
+            for tensor in (feature_meta, indices, offsets):
+                tensor.record_stream(side)
+    return positions
 
 
 def take_plan(early: EarlyPlan) -> BackwardPlan:

@@ -163,6 +163,17 @@ def test_split_from_the_forwards_positions(monkeypatch, irregular):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(training, "plan_backward", spied)
+    chosen, choose = [], hot_split.hot_choice
+
+    def choosing(where):  # where the hot rows are chosen: before the lookup (training) or in the plan
+        def spied_choice(*args):
+            chosen.append((where, args[4]))
+            return choose(*args)
+
+        return spied_choice
+
+    monkeypatch.setattr(training, "hot_choice", choosing("forward"))
+    monkeypatch.setattr(embedding_backward, "hot_choice", choosing("plan"))
     seen = _spy_compactions(monkeypatch)
     fused = dataclasses.replace(SPLIT, plan_in_forward=True, forward_positions=True)
     trained = []
@@ -182,6 +193,9 @@ def test_split_from_the_forwards_positions(monkeypatch, irregular):
         trained.append(emb)
     assert_bitwise_equal(*trained)
     assert written == [True, True] and len(seen) == 2 and all(0 < kept < ids for ids, kept in seen)
+    # In the positions kernel's plans (in the backward), then before the split's lookups (once a
+    # batch: the plan takes the forward's choice).
+    assert chosen == [("plan", 16), ("plan", 16), ("forward", 16), ("forward", 16)]
 
 
 def test_forward_positions_take_the_split_only():

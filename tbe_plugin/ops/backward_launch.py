@@ -429,9 +429,10 @@ class RunsLaunch:
     ctr-dlrm's 16 hottest rows a table hold ~50% of its ids). With ``forward_positions`` the
     hot ids are found in the forward's positions (``hot_split._hot_split_kernel``) instead of
     by the positions kernel, and the hot rows are chosen before the lookup, on the plan's side
-    stream, beside it (the choice took 0.15 ms at 56eb52a). One host read a batch (the host waits for the device there), so
-    eager batches only (not a captured graph's). Bitwise ``hot_rows``' step (tested). What it
-    leaves to the sort (``benchmarks/probe_hot_split``, CPU batches of the same laws, a416ab1):
+    stream, beside it (the choice took 0.15 ms at 56eb52a). One host read a batch (the host
+    waits for the device there), so eager batches only (not a captured graph's). Bitwise
+    ``hot_rows``' step (tested). What it leaves to the sort (``benchmarks/probe_hot_split``,
+    CPU batches of the same laws, a416ab1):
     ctr-dlrm's 15.4M ids -> 7.70M at 16 hot rows a table (sample 1024), 7.64M (4096), 5.77M at 64
     (4096; the batch's own top 64 would leave 5.69M); the ids in runs of more than 16 12.8M ->
     5.1M (16) and 3.2M (64); long-bags 19.7M -> 12.3M (16), 10.1M (64); ctr-mix 22.5M -> 11.9M

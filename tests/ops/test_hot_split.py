@@ -104,6 +104,19 @@ def test_split_with_the_lean_operands_and_l2_hints(monkeypatch):
     assert len(seen) == 4 and all(0 < left < ids for ids, left in seen)
 
 
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_split_with_the_radix_sort(monkeypatch, pooling):
+    """With RunsLaunch.radix_sort (its sentinel the least all-ones value above the rows, and
+    the bags sorted beside the rows for SUM): the split's compaction, the hot rows' step."""
+    seen = _spy_compactions(monkeypatch)
+    launches = [dataclasses.replace(launch, radix_sort=True) for launch in (HOT, SPLIT)]
+    trained = train_each(launches, lambda: build("EXACT_ROWWISE_ADAGRAD", pooling=pooling, specs=SPECS,
+                                                 ftm=[0, 1, 2], learning_rate=0.05), steps=2, B=6, max_len=9, seed=5,
+                         hot=0.6)  # fmt: skip
+    assert_bitwise_equal(*trained)
+    assert len(seen) == 2 and all(0 < left < ids for ids, left in seen)
+
+
 def test_every_id_hot(monkeypatch):
     """Sampling 64 ids a feature of these small batches makes every row hot: nothing is left to
     the sort (one sentinel goes on), the step is still the hot rows' own."""

@@ -59,3 +59,12 @@ def test_the_device_scripts_name_existing_candidates(name):
     if name == "device_merge.sh":  # its pick falls back to a named candidate
         assert len(singles) == 1 + script.count("CANDIDATE=${CANDIDATE:-"), "the pick's fallback: unreadable"
     assert set(singles) <= set(CANDIDATES), singles
+
+
+def test_every_candidate_is_a_valid_launch():
+    """Each candidate builds a RunsLaunch that passes its own checks (a device call that meets a
+    rejected launch loses that candidate's whole entry)."""
+    from tbe_plugin.ops.backward_launch import RunsLaunch
+
+    for name, make in CANDIDATES.items():
+        assert isinstance(make(), RunsLaunch), name

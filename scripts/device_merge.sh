@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The candidates of 2026-12-05c (RunsLaunch.lean_operands, piece_evict; hot_rows with hot_split),
+# The candidates of 2026-12-05c (RunsLaunch.lean_operands, piece_evict; hot_rows with hot_split, hot_tf32x3),
 # in two device calls of under 10 minutes: PARTS="tests profile" (~6 min: their GPU tests and the
 # plan-in-forward, marks and pieces ones; the backward's kernel profile of $CANDIDATES on
 # ctr-dlrm, long-bags and ctr-mix, FBGEMM's beside), then PARTS="e2e suite" (~5 min: the end to
@@ -18,13 +18,14 @@ BEST=/tmp/tbe_best_candidate
 best() { local c; c=$(cat "$BEST" 2>/dev/null); echo "${c:-lean}"; }
 CHOSEN=${CANDIDATE:-}
 CANDIDATE=${CHOSEN:-$(best)}
-CANDIDATES=${CANDIDATES:-default,lean,evict,hot16_split,hot16_split_s1024,hot64_split}
+CANDIDATES=${CANDIDATES:-default,lean,evict,hot16_split_s1024,stack16,stack64_tf32}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part tests; then
   echo "=== gpu tests $(date +%T)"
   timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/ops/test_merge_repeats.py \
     tests/ops/test_plan_in_forward.py tests/ops/test_marks_in_operands.py tests/ops/test_backward_pieces.py \
     tests/ops/test_lean_operands.py tests/ops/test_hot_split.py tests/ops/test_hot_rows.py \
+    tests/ops/test_hot_product.py \
     2>&1 | tee "$OUT/gpu_tests.log" | tail -4
 fi
 if part profile; then

@@ -147,6 +147,11 @@ CANDIDATES = {
     # The three of 2026-12-05c together: the split hot rows, the lean operands, the L2 hints.
     "stack16": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True),
     "stack64": _launch(hot_rows=64, hot_split=True, lean_operands=True, piece_evict=True),
+    # ... with the hot rows' product on tensor cores (RunsLaunch.hot_tf32x3: three TF32 products a dot).
+    "hot64_split_tf32": _launch(hot_rows=64, hot_split=True, hot_tf32x3=True),
+    "stack16_tf32": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
+                            hot_tf32x3=True),
+    "stack64_tf32": _launch(hot_rows=64, hot_split=True, lean_operands=True, piece_evict=True, hot_tf32x3=True),
     "hot16_split_any": _launch(hot_rows=16, hot_split=True, hot_min_ids=0),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),

@@ -421,6 +421,12 @@ class RunsLaunch:
     """``hot_rows``: ids sampled per feature (evenly spaced) to choose the hot rows."""
     hot_min_ids: int = 1 << 20
     """``hot_rows``: the fewest ids in a batch for which the hot rows are summed apart."""
+    hot_tf32x3: bool = False
+    """Candidate (off), with ``hot_rows``: the hot rows' product (counts times the output
+    gradient, ``hot_product.hot_sums``) on tensor cores as three TF32 products a dot instead of
+    fp32 FMAs: fp32-accumulated, operands to ~2**-21 (``hot_sums``' docstring), bitwise
+    repeatable. ctr-dlrm's product (H200, 388cce3, ``probe_hot_dense``): K=16 0.20-0.28 ms and
+    K=64 0.33-0.45 with fp32 FMAs (compute-bound), 0.14 and 0.12 with one TF32 product. Not timed."""
     hot_split: bool = False
     """Candidate (off), with ``hot_rows``: the ids left after the hot ones are compacted before
     the sort (``hot_split``: a count a block, a running total read on the host, a compaction

@@ -417,7 +417,8 @@ def backward_update(
     if plan.hot is not None:
         tables, hot_rows, hot_counts = plan.hot
         hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tables, hot_rows, hot_counts, args,
-                 align, total_rows, max_dim, mean_bag_scale(offsets, N) if mean else None)  # fmt: skip
+                 align, total_rows, max_dim, mean_bag_scale(offsets, N) if mean else None,
+                 launch.hot_tf32x3)  # fmt: skip
     psw_grad = None
     if psw_requires_grad:
         psw_grad = torch.empty(N, dtype=torch.float32, device=device)

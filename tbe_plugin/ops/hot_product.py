@@ -209,9 +209,11 @@ CHOOSE_WARPS = 16  # warps of a choosing program of 1024 sampled ids or more (8 
 def _hot_partials_kernel(
     hot_counts_ptr, grad_ptr, col_offsets_ptr, dims_ptr, partials_ptr, bag_scale_ptr, B, grad_stride, slices,
     K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_B: tl.constexpr, SCALED: tl.constexpr = False,
+    TF32X3: tl.constexpr = False,
 ):  # fmt: skip
     """partials[f, s, :, d-block] = counts[f, :, s-th SPLIT_B bags] @ grad[those bags, f's columns]
-    (SCALED: each bag's counts times ``bag_scale[f * B + b]`` first, MEAN's 1/L)."""
+    (SCALED: each bag's counts times ``bag_scale[f * B + b]`` first, MEAN's 1/L). TF32X3
+    (``RunsLaunch.hot_tf32x3``): the dots on tensor cores as three TF32 products (``hot_sums``)."""
     f = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     d0 = tl.program_id(2) * BLOCK_D
@@ -231,7 +233,10 @@ def _hot_partials_kernel(
                 c = c * tl.load(bag_scale_ptr + f * B + bags, mask=inside, other=0.0)[None, :]
             g = tl.load(grad_ptr + bags[:, None] * grad_stride + col0 + cols[None, :],
                         mask=inside[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
-            acc = tl.dot(c, g.to(tl.float32), acc, input_precision="ieee")
+            if TF32X3:
+                acc = tl.dot(c, g.to(tl.float32), acc, input_precision="tf32x3")
+            else:
+                acc = tl.dot(c, g.to(tl.float32), acc, input_precision="ieee")
         out = partials_ptr + ((f * slices + s) * K + ks[:, None]) * BLOCK_D * tl.num_programs(2) + cols[None, :]
         tl.store(out, acc, mask=col_mask[None, :])
 
@@ -255,13 +260,20 @@ def _hot_sum_kernel(partials_ptr, sums_ptr, dims_ptr, slices, width, K: tl.const
 
 def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor, dims: torch.Tensor,
              split_b: int = 1024, block_b: int = 64, block_d: int = 64, num_warps: int = 4,
-             bag_scale: "torch.Tensor | None" = None, max_dim: "int | None" = None) -> torch.Tensor:  # fmt: skip
+             bag_scale: "torch.Tensor | None" = None, max_dim: "int | None" = None,
+             tf32x3: bool = False) -> torch.Tensor:  # fmt: skip
     """(F, K, max D) fp32: ``counts[f] @ grad[:, col_offsets[f] : col_offsets[f] + dims[f]]``, zero past
     each feature's D. ``counts`` (F, K, B) fp32 with K a power of two >= 16; ``grad`` (B, sum D),
     unit column stride; ``col_offsets``/``dims`` int64 on ``grad``'s device. ``bag_scale``: (F * B,)
     fp32 factors of each bag (MEAN's 1/L), on its counts before the product (the backward puts
     them on each id's gradient row: the same sum up to fp32 rounding). ``max_dim``: at least
-    ``dims.max()`` (read from ``dims`` when None: a device sync). Bitwise repeatable."""
+    ``dims.max()`` (read from ``dims`` when None: a device sync). Bitwise repeatable.
+    ``tf32x3``: each fp32 dot as three TF32 tensor-core products (the hi*hi, hi*lo and lo*hi
+    parts of its operands split into TF32 high and low halves, accumulated in fp32): an
+    operand's lowest ~2 of its 24 mantissa bits drop (~2**-21 relative; the counts of SUM,
+    small integers, are exact), against fp32 FMAs' ~2**-24 a product; the accumulation's own
+    rounding over a hot row's thousands of bags is larger. The fp32 FMA path is
+    compute-bound at K=64 (ctr-dlrm, H200 at 388cce3: 0.33-0.45 ms, TF32 0.12)."""
     if counts.dim() != 3 or counts.dtype != torch.float32:
         raise ValueError(f"hot_sums: counts must be (F, K, B) fp32, got {counts.dtype} of shape {tuple(counts.shape)}")
     F, K, B = counts.shape
@@ -288,7 +300,7 @@ def hot_sums(counts: torch.Tensor, grad: torch.Tensor, col_offsets: torch.Tensor
     _hot_partials_kernel[(F, slices, blocks)](
         counts, grad, col_offsets, dims, partials, counts if bag_scale is None else bag_scale.contiguous(), B,
         grad.stride(0), slices, K=K, BLOCK_B=block_b, BLOCK_D=block_d, SPLIT_B=split_b, SCALED=bag_scale is not None,
-        num_warps=num_warps,
+        TF32X3=tf32x3, num_warps=num_warps,
     )  # fmt: skip
     _hot_sum_kernel[(F, blocks)](partials, sums, dims, slices, width, K=K, BLOCK_D=block_d)
     return sums[:, :, :max_dim]
@@ -337,7 +349,7 @@ def mean_bag_scale(offsets: torch.Tensor, num_indices: int) -> torch.Tensor:
 
 
 def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tables: HotTables, hot_rows, hot_counts,
-             args, align: int, pad: int, max_dim: int, bag_scale=None) -> None:  # fmt: skip
+             args, align: int, pad: int, max_dim: int, bag_scale=None, tf32x3: bool = False) -> None:  # fmt: skip
     """The hot rows' share of the backward, after the positions kernel counted them per
     feature: their gradient sums (``hot_sums``; ``bag_scale`` for MEAN), added over each
     table's features in feature order, and one optimizer step on every hot row of a table
@@ -346,7 +358,8 @@ def hot_step(grad_output, weights, momentum1, momentum2, step, feature_meta, tab
     T = hot_rows.shape[0]
     if F == 0:
         return
-    sums = hot_sums(hot_counts, grad_output, tables.out_offsets, tables.dims, bag_scale=bag_scale, max_dim=max_dim)
+    sums = hot_sums(hot_counts, grad_output, tables.out_offsets, tables.dims, bag_scale=bag_scale, max_dim=max_dim,
+                    tf32x3=tf32x3)  # fmt: skip
     touched = hot_counts.sum(2)  # > 0 where the batch holds the row (counts are exact integers, >= 0)
     if not tables.single:  # per table: its features' sums added in feature order (members padded with F: zeros)
         sums = torch.cat([sums, sums.new_zeros(1, *sums.shape[1:])])[tables.members].sum(1)

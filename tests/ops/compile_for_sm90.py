@@ -301,9 +301,10 @@ def variants():
         for scaled in (False, True):
             yield hot_split._compact_kept_kernel, dict(SCALED=scaled, BLOCK=hot_split.SPLIT_BLOCK), \
                 hot_split.SPLIT_WARPS, "*fp32", keys, types  # fmt: skip
-    for scaled in (False, True):  # SUM, MEAN
-        yield hot._hot_partials_kernel, dict(K=16, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024, SCALED=scaled), 4, "*fp32", \
-            "*i32"  # fmt: skip
+    for scaled, tf32x3 in ((False, False), (True, False), (False, True), (True, True)):  # SUM, MEAN; hot_tf32x3
+        for k in ((16, 64) if tf32x3 else (16,)):
+            yield hot._hot_partials_kernel, dict(K=k, BLOCK_B=64, BLOCK_D=64, SPLIT_B=1024, SCALED=scaled,
+                                                 TF32X3=tf32x3), 4, "*fp32", "*i32"  # fmt: skip
     yield hot._hot_sum_kernel, dict(K=16, BLOCK_D=64), 4, "*fp32", "*i32"
     # The choice of the hot rows (choose_hot_rows' largest block): a table of one feature at the
     # default sample (4096) and K=16, int32 and int64 ids; four features of 1024 samples, K=64.

@@ -56,3 +56,35 @@ def test_hot_sums_scale_each_bag_first():
                                    atol=1e-5)  # fmt: skip
     with pytest.raises(ValueError, match="bag_scale"):
         hot_sums(counts, grad, col_offsets, dims, bag_scale=scale[:-1])
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_hot_sums_on_tf32x3(scaled):
+    """``tf32x3`` (RunsLaunch.hot_tf32x3): the same sums up to ~2**-21 of each operand (the
+    interpreter computes the dots in full precision; the GPU test bounds the tensor cores'),
+    two calls bitwise equal."""
+    counts, grad, col_offsets, dims = _case(B=70)
+    scale = torch.rand(3 * 70) if scaled else None
+    sizes = dict(split_b=64, block_b=32, block_d=16, bag_scale=scale)
+    got = hot_sums(counts, grad, col_offsets, dims, tf32x3=True, **sizes)
+    want = hot_sums(counts, grad, col_offsets, dims, **sizes)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    assert torch.equal(got, hot_sums(counts, grad, col_offsets, dims, tf32x3=True, **sizes))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("K", [16, 64])
+def test_hot_sums_on_tf32x3_on_cuda(K):
+    """On the tensor cores, ctr-dlrm-sized (30 features, B=16384, D=128, counts 0-3): within
+    4 * 2**-21 of the fp32 FMA sums' scale, and bitwise repeatable."""
+    generator = torch.Generator().manual_seed(1)
+    F, B, D = 30, 16384, 128
+    counts = torch.randint(0, 4, (F, K, B), generator=generator).float().cuda()
+    grad = torch.randn(B, F * D, generator=generator).cuda()
+    col_offsets = torch.arange(F).cuda() * D
+    dims = torch.full((F,), D).cuda()
+    fp32 = hot_sums(counts, grad, col_offsets, dims, max_dim=D)
+    tf32x3 = hot_sums(counts, grad, col_offsets, dims, max_dim=D, tf32x3=True)
+    scale = (counts.abs() @ grad.abs().view(B, F, D).transpose(0, 1)).amax()  # a bound on each sum's terms
+    assert float((tf32x3 - fp32).abs().max()) <= 4 * 2**-21 * float(scale)
+    assert torch.equal(tf32x3, hot_sums(counts, grad, col_offsets, dims, max_dim=D, tf32x3=True))

@@ -130,6 +130,17 @@ def test_hot_rows_train_like_the_reference(monkeypatch, optimizer, sample):
     assert len(counted) == 2 and all(c > 0 for c in counted)
 
 
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_hot_rows_on_tf32x3_train_like_the_reference(monkeypatch, pooling):
+    """RunsLaunch.hot_tf32x3 (the product on tensor cores, on the GPU; the interpreter's dots
+    are full precision): the step is the reference's, the hot rows took ids."""
+    counted = _spy(monkeypatch)
+    emb = build("EXACT_ROWWISE_ADAGRAD", pooling=pooling, specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05)
+    emb.backward_launch = dataclasses.replace(HOT, hot_sample=8, hot_tf32x3=True, hot_split=True)
+    train_and_compare(emb, "EXACT_ROWWISE_ADAGRAD", steps=2, B=6, max_len=8, hot=0.6, lr=0.05)
+    assert len(counted) == 2 and all(c > 0 for c in counted)
+
+
 def test_hot_rows_with_int64_row_keys(monkeypatch):
     """Row keys sorted as int64 (2**31 rows or more in all): the hot ids keyed as int64's
     sentinel; the step is the reference's."""

@@ -75,8 +75,9 @@ def test_hot_sums_on_tf32x3(scaled):
 @pytest.mark.gpu
 @pytest.mark.parametrize("K", [16, 64])
 def test_hot_sums_on_tf32x3_on_cuda(K):
-    """On the tensor cores, ctr-dlrm-sized (30 features, B=16384, D=128, counts 0-3): within
-    4 * 2**-21 of the fp32 FMA sums' scale, and bitwise repeatable."""
+    """On the tensor cores, ctr-dlrm-sized (30 features, B=16384, D=128, counts 0-3): each sum
+    within 2**-19 of the sum of its terms' magnitudes of the fp32 FMA sum (one TF32 product,
+    ~2**-11 a term, would miss that by a few times; three keep ~2**-21), bitwise repeatable."""
     generator = torch.Generator().manual_seed(1)
     F, B, D = 30, 16384, 128
     counts = torch.randint(0, 4, (F, K, B), generator=generator).float().cuda()
@@ -85,6 +86,6 @@ def test_hot_sums_on_tf32x3_on_cuda(K):
     dims = torch.full((F,), D).cuda()
     fp32 = hot_sums(counts, grad, col_offsets, dims, max_dim=D)
     tf32x3 = hot_sums(counts, grad, col_offsets, dims, max_dim=D, tf32x3=True)
-    scale = (counts.abs() @ grad.abs().view(B, F, D).transpose(0, 1)).amax()  # a bound on each sum's terms
-    assert float((tf32x3 - fp32).abs().max()) <= 4 * 2**-21 * float(scale)
+    magnitude = counts @ grad.abs().view(B, F, D).transpose(0, 1)  # each sum's terms' magnitudes (counts >= 0)
+    assert bool(((tf32x3 - fp32).abs() <= 2**-19 * magnitude).all())
     assert torch.equal(tf32x3, hot_sums(counts, grad, col_offsets, dims, max_dim=D, tf32x3=True))

@@ -152,6 +152,8 @@ CANDIDATES = {
     "stack16_tf32": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
                             hot_tf32x3=True),
     "stack64_tf32": _launch(hot_rows=64, hot_split=True, lean_operands=True, piece_evict=True, hot_tf32x3=True),
+    "stack16_tf32_any": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
+                                hot_tf32x3=True, hot_min_ids=0),  # batches of any size (the CPU smoke runs)
     "hot16_split_any": _launch(hot_rows=16, hot_split=True, hot_min_ids=0),
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),

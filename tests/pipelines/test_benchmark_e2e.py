@@ -178,12 +178,13 @@ def test_training_app_trains_per_table_tables(tmp_path):
     assert metrics["steps"] == 6 and 0.0 <= metrics["auc"] <= 1.0 and metrics["log_loss"] > 0
 
 
-@pytest.mark.parametrize("candidate", ["hot16_any", "merge_marks_any", "hot16_split_any"])
+@pytest.mark.parametrize("candidate", ["hot16_any", "merge_marks_any", "hot16_split_any", "stack16_tf32_any"])
 def test_smoke_run_under_a_candidate_launch(tmp_path, candidate):
     """``--backward-launch``: every Triton TBE module of the sharded model takes the candidate
     (TorchRec keeps its lookups in a plain list, outside ``modules()``; and the backend is a
     config object: both once left the launch silently at the default). Here the hot rows
-    apart (``hot16_any``; with the other ids compacted before the sort, ``hot16_split_any``), and
+    apart (``hot16_any``; with the other ids compacted before the sort, ``hot16_split_any``; and
+    with the lean operands, the L2 hints and the product on tensor cores, ``stack16_tf32_any``), and
     a bag's repeats merged in place with the marks found beside the operands
     (``merge_marks_any``), under SparseDist: the losses still agree with FBGEMM's."""
     command = [sys.executable, "-m", "pipelines.bench.e2e", "--smoke", "--out", str(tmp_path), "--pipelines",

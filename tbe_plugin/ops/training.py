@@ -198,23 +198,32 @@ def plan_in_forward(
                              pooling, bounds_check, optimizer, grad_shape, settings, classes, max_dim,
                              forward_positions=positions)  # fmt: skip
 
-    # On the CPU, and inside a CUDA graph's capture (a side stream's work there must join the
-    # capturing stream before the capture ends, which a forward captured alone would not do),
-    # the plan is made at once on the current stream.
-    if indices.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return EarlyPlan(plan(), None)
-    side = _side_stream(indices.device)
-    side.wait_stream(torch.cuda.current_stream(indices.device))
-    with torch.cuda.stream(side), profiled("tbe_plugin::plan_backward"):
-        made = plan()
-        ready = torch.cuda.Event()
-        ready.record(side)
-    # The inputs are the caller's: their memory is not reused before the plan has read them.
     kept = (positions.rows, positions.bags) if positions is not None else ()
-    for tensor in (feature_meta, indices, offsets, per_sample_weights, *kept):
+    made, side = _beside(plan, indices.device, (feature_meta, indices, offsets, per_sample_weights, *kept),
+                         "tbe_plugin::plan_backward")  # fmt: skip
+    if side is None:
+        return EarlyPlan(made, None)
+    ready = torch.cuda.Event()
+    ready.record(side)
+    return EarlyPlan(made, ready)
+
+
+def _beside(work, device: torch.device, inputs, name: str):
+    """(``work()``, the stream it ran on): on CUDA on the side stream, after the current
+    stream's work so far, the ``inputs`` (the caller's tensors) marked in use there so that
+    their memory is not reused before it has read them; on the CPU, and inside a CUDA graph's
+    capture (a side stream's work there must join the capturing stream before the capture
+    ends, which a forward captured alone would not do), at once on the current stream (None)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return work(), None
+    side = _side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), profiled(name):
+        made = work()
+    for tensor in inputs:
         if tensor is not None:
             tensor.record_stream(side)
-    return EarlyPlan(made, ready)
+    return made, side
 
 
 def forward_positions_for(
@@ -246,21 +255,12 @@ def forward_positions_for(
         return None
     positions = ForwardPositions(indices.numel(), sort_key_dtype(total_rows), indices.device, settings.forward_merge)
     if settings.hot_split and hot_applies(settings, pooling, per_sample_weights is not None, False, indices.numel()):
-        B = (offsets.numel() - 1) // feature_meta.shape[0]
-
         def choose():
-            return hot_choice(feature_meta, indices, offsets, B, settings.hot_rows, settings.hot_sample, bounds_check,
-                              total_rows)  # fmt: skip
+            return hot_choice(feature_meta, indices, offsets, total_bags // num_features, settings.hot_rows,
+                              settings.hot_sample, bounds_check, total_rows)  # fmt: skip
 
-        if indices.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-            positions.hot = choose()
-        else:  # on the plan's side stream, which the plan then continues after the lookup
-            side = _side_stream(indices.device)
-            side.wait_stream(torch.cuda.current_stream(indices.device))
-            with torch.cuda.stream(side):
-                positions.hot = choose()
-            for tensor in (feature_meta, indices, offsets):
-                tensor.record_stream(side)
+        # On the plan's side stream, which the plan then continues after the lookup.
+        positions.hot = _beside(choose, indices.device, (feature_meta, indices, offsets), "tbe_plugin::hot_choice")[0]
     return positions
 
 

@@ -8,9 +8,8 @@ order of their positions, so that everything from the sort on sees them alone:
 
 1. Which ids are hot. From the positions the training forward wrote (``ForwardPositions``:
    each position's global row and int32 bag), ``_hot_split_kernel`` finds each id's slot
-   among its feature's hot rows (``hot_slot``, the search the positions kernel does with
-   ``HOT``), counts a hit into ``hot_counts`` (fp32 atomics of 1.0: exact small integers, the
-   same counts in any order) and writes the sentinel row over it, in place. Without the
+   among its feature's hot rows and counts a hit into ``hot_counts`` (``count_hot``, what the
+   positions kernel does with ``HOT``) and writes the sentinel row over it, in place. Without the
    forward's positions the positions kernel does the same as it makes them.
 2. Each block's count of the ids left (by ``_hot_split_kernel`` in the same pass; from the
    positions kernel's positions, ``_kept_counts_kernel``).
@@ -42,9 +41,11 @@ SPLIT_WARPS = 8
 
 
 @triton.jit
-def hot_slot(hot_ptr, feature, row, valid, HOT: tl.constexpr, LOG_HOT: tl.constexpr):
-    """(slot, hit): the row's lower bound among its feature's HOT hot rows (``hot_ptr[feature]``,
-    ascending, padded above every row) and whether it is one of them."""
+def count_hot(hot_ptr, hot_counts_ptr, feature, bag, row, valid, B, HOT: tl.constexpr, LOG_HOT: tl.constexpr):
+    """Whether each id's row is one of its feature's HOT hot rows (``hot_ptr[feature]``,
+    ascending, padded above every row: a lower-bound search); a hit adds 1.0 to its
+    (feature, slot, bag) count (fp32 atomics of 1.0: exact small integers, the same counts in
+    any order)."""
     hot = hot_ptr + feature * HOT
     slot = tl.zeros(row.shape, dtype=tl.int64)
     for level in tl.static_range(LOG_HOT):
@@ -52,7 +53,8 @@ def hot_slot(hot_ptr, feature, row, valid, HOT: tl.constexpr, LOG_HOT: tl.conste
         below = tl.load(hot + slot + half - 1, mask=valid, other=0) < row
         slot = tl.where(below, slot + half, slot)
     hit = valid & (slot < HOT) & (tl.load(hot + tl.minimum(slot, HOT - 1), mask=valid, other=-1) == row)
-    return slot, hit
+    tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
+    return hit
 
 
 @triton.jit
@@ -67,8 +69,7 @@ def _hot_split_kernel(rows_ptr, bags_ptr, hot_ptr, hot_counts_ptr, kept_ptr, B, 
     valid = inside & (row != sentinel)
     bag = tl.load(bags_ptr + p, mask=valid, other=0).to(tl.int64)
     feature = bag // B
-    slot, hit = hot_slot(hot_ptr, feature, row, valid, HOT, LOG_HOT)
-    tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
+    hit = count_hot(hot_ptr, hot_counts_ptr, feature, bag, row, valid, B, HOT, LOG_HOT)
     tl.store(rows_ptr + p, tl.full(row.shape, sentinel, tl.int64).to(rows_ptr.dtype.element_ty), mask=hit)
     tl.store(kept_ptr + tl.program_id(0), tl.sum((valid & ~hit).to(tl.int64), axis=0))
 

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from tbe_plugin.ops.common import cdiv
-from tbe_plugin.ops.hot_split import hot_slot
+from tbe_plugin.ops.hot_split import count_hot
 from tbe_plugin.ops.indexing import _META_COLS, _META_ROW_BASE, _META_ROWS
 
 
@@ -138,8 +138,7 @@ def _positions_kernel(
                                         B, total_bags, CHECK)  # fmt: skip
     keyed = valid
     if HOT > 0:
-        slot, hit = hot_slot(hot_ptr, feature, row, valid, HOT, LOG_HOT)
-        tl.atomic_add(hot_counts_ptr + (feature * HOT + slot) * B + (bag - feature * B), 1.0, mask=hit)
+        hit = count_hot(hot_ptr, hot_counts_ptr, feature, bag, row, valid, B, HOT, LOG_HOT)
         keyed = valid & ~hit
     tl.store(rows_out_ptr + p, tl.where(keyed, row, sentinel).to(rows_out_ptr.dtype.element_ty), mask=inside)
     scale = tl.full([BLOCK], 1.0, tl.float32)

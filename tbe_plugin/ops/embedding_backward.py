@@ -448,16 +448,16 @@ def forward_positions_apply(launch: RunsLaunch, pooling: int, weighted: bool, ps
     """Whether the training forward may write this batch's positions (``RunsLaunch.
     forward_positions``, ``forward_merge``): SUM (MEAN with the merge, whose packed factor
     carries 1/L), no per-sample weights, ``torch.sort``, no hot rows (but split ones,
-    ``hot_split``) or merge of the backward's own, fewer than 2**31 ids and bags (a bag and a factor
-    packed in 64 bits). The caller adds what it knows: an eager batch, its plan made in the
+    ``hot_split``, without the forward's merge) or merge of the backward's own, fewer than
+    2**31 ids and bags (a bag and a factor packed in 64 bits). The caller adds what it knows: an eager batch, its plan made in the
     forward, not a captured graph's."""
     if not (launch.forward_positions or launch.forward_merge) or pooling == Pooling.NONE or weighted:
         return False
     if psw_requires_grad or (pooling == Pooling.MEAN and not launch.forward_merge):  # (MEAN's factor: packed)
         return False
-    if launch.radix_sort or (launch.hot_rows and not (launch.hot_split and not launch.forward_merge)):
+    if launch.radix_sort or launch.merge_repeats:
         return False
-    if launch.merge_repeats:
+    if launch.hot_rows and (not launch.hot_split or launch.forward_merge):  # (the split reads int32 bags)
         return False
     return 0 < num_ids < 2**31 and total_bags < 2**31
 

@@ -458,6 +458,12 @@ class RunsLaunch:
         for name in ("chunk_warps", "loop_warps", "max_loop_warps", "piece_warps", "tree_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"RunsLaunch.{name} must be a power of two from 1 to 16, got {getattr(self, name)}")
+        for name in ("hot_split", "hot_tf32x3"):  # they act on the hot rows' ids and product
+            if getattr(self, name) and not self.hot_rows:
+                raise ValueError(f"RunsLaunch.{name} needs hot_rows (the hot rows it acts on), got hot_rows=0")
+        for name in ("lean_operands", "piece_evict"):  # the pieces design's operands and kernel
+            if getattr(self, name) and self.design != "pieces":
+                raise ValueError(f"RunsLaunch.{name} is for the pieces design, got design={self.design!r}")
         if self.piece_order and not self.piece_records:
             raise ValueError("RunsLaunch.piece_order needs piece_records=True (it orders the per-piece records)")
         if self.graph_fill and not self.graph_grad_in_place:

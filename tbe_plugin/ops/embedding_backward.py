@@ -326,7 +326,7 @@ def plan_backward(
     sorted_w_start = torch.empty(N, dtype=torch.int64, device=device)
     sorted_dim = torch.empty(N, dtype=torch.int32, device=device)
     # RunsLaunch.lean_operands: int32 gradient offsets where every offset of the gradient fits.
-    lean = launch.lean_operands and launch.design == "pieces"
+    lean = launch.lean_operands  # (the pieces design's: RunsLaunch checks)
     offset_dtype = torch.int32 if lean and grad_shape[0] * grad_shape[1] < INT32_OFFSETS_BELOW else torch.int64
     sorted_grad_offset = torch.empty(N, dtype=offset_dtype, device=device)
     sorted_scale = torch.empty(N if scaled else 1, dtype=torch.float32, device=device)

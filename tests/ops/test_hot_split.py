@@ -211,6 +211,12 @@ def test_split_from_the_forwards_positions(monkeypatch, irregular):
     assert chosen == [("plan", 16), ("plan", 16), ("forward", 16), ("forward", 16)]
 
 
+def test_the_options_need_hot_rows():
+    for name in ("hot_split", "hot_tf32x3"):
+        with pytest.raises(ValueError, match=f"RunsLaunch.{name} needs hot_rows"):
+            RunsLaunch(**{name: True})
+
+
 def test_forward_positions_take_the_split_only():
     """The forward writes positions with the hot rows only when they are split (and not merged
     in the forward: the split reads an int32 bag)."""

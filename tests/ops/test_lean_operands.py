@@ -128,17 +128,12 @@ def test_l2_hints_train_bitwise_the_same(small_blocks, optimizer):
     assert_bitwise_equal(trained[0], trained[2])
 
 
-def test_the_chunk_design_keeps_its_operands():
-    """``lean_operands`` is for the pieces design: the chunk design reads every id's start and
-    D, and keeps int64 offsets."""
-    emb = build("EXACT_ROWWISE_ADAGRAD")
-    rows = [emb.table_rows[t] for t in emb.feature_table_map]
-    indices, offsets = make_bags(rows, B=5, max_len=9, seed=2, hot_fraction=0.5)
-    launch = dataclasses.replace(PIECES, design="chunks", lean_operands=True)
-    width = sum(emb.feature_dims)
-    plan = plan_backward(emb.feature_meta, sum(emb.table_rows), indices, offsets, None, False, int(Pooling.SUM),
-                         True, 0, (5, width), launch, emb._row_classes, max(emb.table_dims))  # fmt: skip
-    assert plan.marks is None and plan.sorted_operands[3].dtype == torch.int64
+def test_the_options_name_the_design_they_need():
+    """``lean_operands`` and ``piece_evict`` are the pieces design's: with the chunk design (which
+    reads every id's start and D) they are refused, by name."""
+    for name in ("lean_operands", "piece_evict"):
+        with pytest.raises(ValueError, match=f"RunsLaunch.{name} is for the pieces design"):
+            dataclasses.replace(PIECES, design="chunks", **{name: True})
 
 
 @pytest.mark.gpu

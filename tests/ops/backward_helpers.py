@@ -3,13 +3,21 @@ on them, and a pure-PyTorch trainer to compare it with after every step (the ref
 aggregates duplicate ids densely and applies ``optimizer_step_reference`` to the touched
 rows in fp32, then rounds to the weights' dtype)."""
 
+import dataclasses
+
 import torch
 
 from tbe_plugin import TritonTableBatchedEmbeddingBags
+from tbe_plugin.ops.backward_launch import RunsLaunch
 from tbe_plugin.ops.reference import aggregate_row_gradients, optimizer_step_reference
 from tests.helpers import make_bags
 
 OPTIMIZERS = ["EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM", "LAMB"]
+# The pieces design on small sizes (cells of 4 ids, groups of 2 cells, as test_backward_pieces'
+# PIECES), eager and planned in the backward.
+SMALL_PIECES = RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, piece_warps=1, tree_warps=1,
+                          piece_programs_per_sm=1, loop_programs_per_sm=1, graph_max_ids=0,
+                          plan_in_forward=False)  # fmt: skip
 ROWWISE_STATE = {"EXACT_ROWWISE_ADAGRAD": ("row",), "PARTIAL_ROWWISE_ADAM": ("element", "row")}
 SPECS = [(23, 8), (9, 20), (30, 4)]
 FEATURE_TABLE_MAP = [0, 1, 2, 0]
@@ -81,6 +89,40 @@ def train_each(launches, make_module, **batches):
         emb.backward_launch = launch
         trained.append(train_steps(emb, **batches))
     return trained
+
+
+def assert_option_trains_bitwise(optimizer, **option):
+    """Two MEAN steps with ``option`` set on ``SMALL_PIECES`` (short runs of 2 apart) are bit for
+    bit the steps without it, and move the tables."""
+    from tests.helpers import assert_bitwise_equal
+
+    base = dataclasses.replace(SMALL_PIECES, piece_short=2)
+    trained = train_each((base, dataclasses.replace(base, **option)),
+                         lambda: build(optimizer, pooling="MEAN", learning_rate=0.05), steps=2, B=7, max_len=12,
+                         seed=20, hot=0.8)  # fmt: skip
+    assert_bitwise_equal(*trained)
+    assert not torch.equal(trained[0].weights, build(optimizer, pooling="MEAN").weights)
+
+
+def step_on_bad_inputs(launches, specs, ftm, optimizer="ADAM"):
+    """A fresh module a launch (``bounds_check_mode="WARNING"``), one step each on one batch
+    with ids outside their tables and a decreasing offset inside feature 1 (the forward's
+    report expected); returns the modules."""
+    import pytest
+
+    rows = [specs[t][0] for t in ftm]
+    indices, offsets = make_bags(rows, B=6, max_len=8, seed=5, hot_fraction=0.7)
+    indices[3], indices[-2] = 999, -4  # outside their tables
+    offsets[7] = offsets[6] - 1  # a decreasing offset inside feature 1
+    modules = []
+    for launch in launches:
+        emb = build(optimizer, specs=specs, ftm=ftm, learning_rate=0.05, bounds_check_mode="WARNING")
+        emb.backward_launch = launch
+        with pytest.warns(RuntimeWarning):
+            out = emb(indices, offsets)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)))
+        modules.append(emb)
+    return modules
 
 
 def train_and_compare(emb, optimizer, steps=3, B=4, max_len=5, hot=0.3, weighted=False, **hyper):

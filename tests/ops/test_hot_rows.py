@@ -16,6 +16,7 @@ from tests.ops.backward_helpers import (
     assert_step_close,
     build,
     cuda_zipf_steps,
+    step_on_bad_inputs,
     train_and_compare,
     train_steps,
 )
@@ -191,18 +192,7 @@ def test_hot_rows_with_bad_ids_and_offsets(monkeypatch):
     the hot rows' choice and counts as in the rest of the backward: the step equals the
     default backward's up to the order of fp32 sums."""
     counted = _spy(monkeypatch)
-    rows = [40, 25, 60]
-    indices, offsets = make_bags(rows, B=6, max_len=8, seed=5, hot_fraction=0.7)
-    indices[3], indices[-2] = 999, -4  # outside their tables
-    offsets[7] = offsets[6] - 1  # a decreasing offset inside feature 1
-    modules = []
-    for launch in (RunsLaunch(), dataclasses.replace(HOT, hot_sample=16)):
-        emb = build("ADAM", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05, bounds_check_mode="WARNING")
-        emb.backward_launch = launch
-        with pytest.warns(RuntimeWarning):
-            out = emb(indices, offsets)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)))
-        modules.append(emb)
+    modules = step_on_bad_inputs((RunsLaunch(), dataclasses.replace(HOT, hot_sample=16)), SPECS, [0, 1, 2])
     torch.testing.assert_close(modules[1].weights, modules[0].weights, atol=1e-6, rtol=1e-6)
     for ours, want in zip(modules[1].split_optimizer_states(), modules[0].split_optimizer_states()):
         for a, b in zip(ours, want):

@@ -12,8 +12,8 @@ from tbe_plugin.ops import embedding_backward, hot_split
 from tbe_plugin.ops.backward_launch import RunsLaunch, runs_launch
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import forward_positions_apply
-from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import build, train_each
+from tests.helpers import assert_bitwise_equal
+from tests.ops.backward_helpers import build, step_on_bad_inputs, train_each
 
 HOT = RunsLaunch(hot_rows=16, hot_sample=8, hot_min_ids=0, graph_max_ids=0, plan_in_forward=False)
 SPLIT = dataclasses.replace(HOT, hot_split=True)
@@ -133,18 +133,7 @@ def test_split_with_int64_keys_and_bad_ids_and_offsets(monkeypatch):
     """int64 row keys; ids outside their tables and a decreasing offset under WARNING."""
     monkeypatch.setattr(embedding_backward, "INT32_KEYS_BELOW", 0)
     seen = _spy_compactions(monkeypatch)
-    indices, offsets = make_bags([40, 25, 60], B=6, max_len=8, seed=5, hot_fraction=0.7)
-    indices[3], indices[-2] = 999, -4
-    offsets[7] = offsets[6] - 1
-    trained = []
-    for launch in (HOT, SPLIT):
-        emb = build("ADAM", specs=SPECS, ftm=[0, 1, 2], learning_rate=0.05, bounds_check_mode="WARNING")
-        emb.backward_launch = launch
-        with pytest.warns(RuntimeWarning):
-            out = emb(indices, offsets)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)))
-        trained.append(emb)
-    assert_bitwise_equal(*trained)
+    assert_bitwise_equal(*step_on_bad_inputs((HOT, SPLIT), SPECS, [0, 1, 2]))
     assert len(seen) == 1 and 0 < seen[0][1] < seen[0][0]
 
 

@@ -9,26 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from tbe_plugin.ops import embedding_backward, pieces_launch
+from tbe_plugin.ops import embedding_backward
 from tbe_plugin.ops.common import Pooling
 from tbe_plugin.ops.embedding_backward import plan_backward
 from tests.helpers import assert_bitwise_equal, make_bags
-from tests.ops.backward_helpers import OPTIMIZERS, build, train_each
+from tests.ops.backward_helpers import OPTIMIZERS, SMALL_PIECES, assert_option_trains_bitwise, build, train_each
 
-# Cells of 4 ids, groups of 2 cells (as test_backward_pieces' PIECES); eager, planned in the backward.
-PIECES = dataclasses.replace(
-    embedding_backward.RunsLaunch(design="pieces", piece_ids=4, fan_in=2, piece_elements=256, piece_warps=1,
-                                  tree_warps=1, piece_programs_per_sm=1, loop_programs_per_sm=1),
-    graph_max_ids=0, plan_in_forward=False,
-)  # fmt: skip
+PIECES = SMALL_PIECES  # cells of 4 ids, groups of 2 cells; eager, planned in the backward
 UNWRITTEN = -7  # what every buffer the plan allocates holds before its kernels write
-
-
-@pytest.fixture
-def small_blocks(monkeypatch):
-    """Blocks of 16 positions for the sorted operands and the marks: a few hundred ids span many."""
-    monkeypatch.setattr(embedding_backward, "SORTED_OPERANDS_BLOCK", 16)
-    monkeypatch.setattr(pieces_launch, "MARKS_BLOCK", 16)
 
 
 def _plan(emb, indices, offsets, launch, pooling, monkeypatch):
@@ -93,11 +81,7 @@ def test_the_plan_holds_the_defaults_values_where_it_writes(small_blocks, monkey
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_training_is_bitwise_the_same(small_blocks, optimizer):
-    launches = [dataclasses.replace(PIECES, piece_short=2, lean_operands=lean) for lean in (False, True)]
-    trained = train_each(launches, lambda: build(optimizer, pooling="MEAN", learning_rate=0.05), steps=2, B=7,
-                         max_len=12, seed=20, hot=0.8)  # fmt: skip
-    assert_bitwise_equal(*trained)
-    assert not torch.equal(trained[0].weights, build(optimizer, pooling="MEAN").weights)
+    assert_option_trains_bitwise(optimizer, lean_operands=True)
 
 
 @pytest.mark.parametrize("case", ["records", "weighted", "unpooled", "int64-offsets"])

@@ -135,19 +135,16 @@ def compact_kept(rows: torch.Tensor, bags: torch.Tensor, scale: Optional[torch.T
             _kept_counts_kernel[(programs,)](rows, counts, N, sentinel, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS)
     totals = torch.cumsum(counts, 0)
     kept = int(totals[-1])  # the host waits for the device: the sort takes its size from it
-    size = max(kept, 1)
-    if kept:
-        rows_out, bags_out = rows.new_empty(size), bags.new_empty(size)
-    else:
-        rows_out = torch.full((1,), sentinel, dtype=rows.dtype, device=device)
-        bags_out = torch.zeros(1, dtype=bags.dtype, device=device)
-    scale_out = None if scale is None else torch.ones(size, dtype=scale.dtype, device=device)
-    if kept:
-        _compact_kept_kernel[(programs,)](
-            rows, bags, bags if scale is None else scale, totals, rows_out, bags_out,
-            bags_out if scale_out is None else scale_out, N, sentinel, SCALED=scale is not None, BLOCK=SPLIT_BLOCK,
-            num_warps=SPLIT_WARPS,
-        )  # fmt: skip
+    if not kept:  # one sentinel
+        return (torch.full((1,), sentinel, dtype=rows.dtype, device=device), bags.new_zeros(1),
+                None if scale is None else scale.new_ones(1))  # fmt: skip
+    rows_out, bags_out = rows.new_empty(kept), bags.new_empty(kept)  # every entry written below
+    scale_out = None if scale is None else scale.new_empty(kept)
+    _compact_kept_kernel[(programs,)](
+        rows, bags, bags if scale is None else scale, totals, rows_out, bags_out,
+        bags_out if scale_out is None else scale_out, N, sentinel, SCALED=scale is not None, BLOCK=SPLIT_BLOCK,
+        num_warps=SPLIT_WARPS,
+    )  # fmt: skip
     return rows_out, bags_out, scale_out
 
 

@@ -5,8 +5,8 @@
 # ctr-dlrm, long-bags and ctr-mix, FBGEMM's beside), then PARTS="e2e suite" (~5 min: the end to
 # end under SparseDist and staleness 1 with $CANDIDATE and with the default, then the kernel
 # suite with $CANDIDATE; $CANDIDATE is the profile's best on the same warm machine, else lean;
-# E2E_CANDIDATES="a b": the end to end with each). Results under $OUT: device.txt,
-# gpu_tests.log, profile_backward.json, best_candidate.txt, e2e_<candidate>/e2e.{json,md},
+# E2E_CANDIDATES="a b": the end to end with each, in one process beside FBGEMM and the default).
+# Results under $OUT: device.txt, gpu_tests.log, profile_backward.json, best_candidate.txt, e2e/e2e.{json,md},
 # suite_$CANDIDATE/backward.{json,md}.
 #   TBE_PLUGIN_COMMIT=<sha> TBE_PLUGIN_DIRTY=<0|1> PARTS="tests profile" bash scripts/device_merge.sh
 source "$(dirname "$0")/device_common.sh" "plan candidates"
@@ -41,12 +41,13 @@ if part profile; then
 fi
 filter() { grep -v "Warning\|warn(\|WARNING\|DistributedDataParallel(\|is_fx_tracing\|HeuristicalStorage\|table, width\|USDT"; }
 if part e2e; then
-  # A list: the end to end with each, in turn (the default once, when it is the pick).
-  for c in $(echo ${E2E_CANDIDATES:-$CANDIDATE default} | tr ' ' '\n' | awk '!seen[$0]++'); do
-    echo "=== e2e with $c $(date +%T)"
-    timeout ${E2E_TIMEOUT:-100} python3 -m pipelines.bench.e2e --out "$OUT/e2e_$c" --pipelines sparsedist,stale1 \
-      --backward-launch "$c" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense" | tail -10
-  done
+  # One process: FBGEMM, our default and triton@<candidate> for each of the list (the pick when
+  # none is given), every pipeline's runs back to back on the same batches.
+  backends=fbgemm,triton
+  for c in ${E2E_CANDIDATES:-$CANDIDATE}; do [ "$c" = default ] || backends="$backends,triton@$c"; done
+  echo "=== e2e $backends $(date +%T)"
+  timeout ${E2E_TIMEOUT:-200} python3 -m pipelines.bench.e2e --out "$OUT/e2e" --pipelines ${E2E_PIPELINES:-sparsedist,stale1} \
+    --backends "$backends" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense\|^| group" | tail -16
 fi
 if part suite; then
   echo "=== suite with $CANDIDATE $(date +%T)"

@@ -19,6 +19,11 @@ few steps per backend are profiled: device time per step of TBE forward, TBE bac
 dense and other kernels, and the top kernels (on CPU: ops' own CPU time instead); on a GPU
 also their timeline (``timeline.py``: what ran alone, what ran at once, and the idle time).
 
+``--backends fbgemm,triton,triton@stack16``: ``triton@NAME`` is the Triton backend under
+``profile_backward``'s candidate launch NAME (plain ``triton`` takes ``--backward-launch``):
+several launches A/B'd against FBGEMM, and against each other, in one process on the same
+batches (each one's ratio to FBGEMM in ``summary["vs_fbgemm"]``).
+
 ``--smoke``: four of the tables shrunk, B=64, 2 steps, on CPU (gloo, Triton's interpreter).
 Results (JSON + markdown) record the commit and whether the tree was dirty, the device,
 the versions and the command line; they are rewritten after every run, so a run cut short
@@ -50,6 +55,7 @@ from tbe_plugin.workloads import Workload, ctr_tables_dlrm, skew_stats
 
 PIPELINES = ("sparsedist", "semisync", "stale0", "stale1")
 BACKENDS = ("fbgemm", "triton")
+LAUNCH_MARK = "@"  # triton@NAME: the Triton backend under the candidate launch NAME
 # Pipelines whose losses must match, step for step, within one backend.
 SAME_SEMANTICS = {"stale0": "sparsedist", "stale1": "semisync"}
 PROFILED_PIPELINE = "sparsedist"
@@ -160,9 +166,36 @@ def step_statistics(step_ms: List[float]) -> Dict[str, Optional[float]]:
     return {"median_ms": statistics.median(ordered), "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
 
 
+def parse_backends(text: str, backward_launch: str = "") -> List[Tuple[str, str, str]]:
+    """``--backends`` as (key, backend, launch): ``fbgemm``, ``triton`` (under
+    ``backward_launch``; '' the default) and ``triton@NAME`` (under candidate NAME). Unknown
+    backends and candidates raise, naming the entry, before any model is built."""
+    from tbe_plugin.benchmarks.profile_backward import CANDIDATES
+
+    parsed, seen = [], set()
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        backend, mark, launch = entry.partition(LAUNCH_MARK)
+        if backend not in BACKENDS:
+            raise ValueError(f"--backends: {entry!r}: the backend is one of {', '.join(BACKENDS)}")
+        if mark and backend != "triton":
+            raise ValueError(f"--backends: {entry!r}: only triton takes a launch ({backend} has none)")
+        if mark and launch not in CANDIDATES:
+            raise ValueError(f"--backends: {entry!r}: {launch!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
+        if entry in seen:
+            raise ValueError(f"--backends: {entry!r} is given twice")
+        seen.add(entry)
+        parsed.append((entry, backend, launch if mark else (backward_launch if backend == "triton" else "")))
+    if not parsed:
+        raise ValueError("--backends: no backend given")
+    return parsed
+
+
 def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.Namespace, device: torch.device,
-            world_size: int) -> Dict[str, Any]:  # fmt: skip
-    """One (backend, pipeline) run on a model built afresh; its profile under SparseDist."""
+            world_size: int, launch: str = "") -> Dict[str, Any]:  # fmt: skip
+    """One (backend, pipeline) run on a model built afresh (Triton's under ``launch``, a
+    candidate of ``profile_backward``; '' the default); its profile under SparseDist."""
     from pipelines.app.model import build_model
 
     on_cuda = device.type == "cuda"
@@ -173,8 +206,7 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
     dmp, optimizer = build_model(cfg, device, world_size, init=device_init)
     # (cfg.backend is a BackendConfig: compared as a string it never matched, and the launch
     # was silently left at the default from e45a0a4 to 8fc26f9.)
-    launched = set_backward_launch(dmp, args.backward_launch) if cfg.backend.name == "triton" and args.backward_launch \
-        else 0
+    launched = set_backward_launch(dmp, launch) if cfg.backend.name == "triton" and launch else 0
     resident = torch.cuda.memory_allocated(device) if on_cuda else None
     runner = make_pipeline(pipeline, dmp, optimizer, device)
     run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
@@ -218,28 +250,38 @@ def set_backward_launch(model: torch.nn.Module, name: str) -> int:
         raise ValueError(f"--backward-launch {name!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
     modules = [m for m in _with_lookups(model) if isinstance(m, TritonTableBatchedEmbeddingBags)]
     if not modules:
-        raise ValueError(f"--backward-launch {name!r}: the model holds no TritonTableBatchedEmbeddingBags")
+        raise ValueError(f"backward launch {name!r}: the model holds no TritonTableBatchedEmbeddingBags")
     for module in modules:
         module.backward_launch = CANDIDATES[name]()
     return len(modules)
 
 
+def _backends_run(results: Dict[str, Any]) -> List[str]:
+    """The backends' keys in the order given (``settings["backends"]``; older results: BACKENDS)."""
+    return list(results.get("settings", {}).get("backends") or BACKENDS)
+
+
 def summarize(results: Dict[str, Any]) -> None:
     """Per pipeline: triton / fbgemm ratios of examples/s and peak memory, the largest loss
-    difference between backends; per backend: the same-semantics loss differences."""
+    difference between backends (``summary[pipeline]``; every Triton launch's in
+    ``summary["vs_fbgemm"]["KEY/PIPELINE"]``); per backend: the same-semantics loss differences."""
     runs = results["runs"]
-    summary: Dict[str, Any] = {}
+    summary: Dict[str, Any] = {"vs_fbgemm": {}}
     for pipeline in PIPELINES:
-        a, b = runs.get(f"fbgemm/{pipeline}"), runs.get(f"triton/{pipeline}")
-        if a is None or b is None:
-            continue
-        summary[pipeline] = {
-            "examples_per_s_ratio": b["examples_per_s"] / a["examples_per_s"],
-            "peak_ratio": b["peak_gib"] / a["peak_gib"] if a["peak_gib"] else None,
-            "loss_diff_backends": max(abs(x - y) for x, y in zip(a["losses"], b["losses"])),
-            "first_loss_diff_backends": abs(a["losses"][0] - b["losses"][0]),
-        }
-    for backend in BACKENDS:
+        a = runs.get(f"fbgemm/{pipeline}")
+        for backend in _backends_run(results):
+            b = runs.get(f"{backend}/{pipeline}")
+            if a is None or b is None or backend == "fbgemm":
+                continue
+            summary["vs_fbgemm"][f"{backend}/{pipeline}"] = {
+                "examples_per_s_ratio": b["examples_per_s"] / a["examples_per_s"],
+                "peak_ratio": b["peak_gib"] / a["peak_gib"] if a["peak_gib"] else None,
+                "loss_diff_backends": max(abs(x - y) for x, y in zip(a["losses"], b["losses"])),
+                "first_loss_diff_backends": abs(a["losses"][0] - b["losses"][0]),
+            }
+        if f"triton/{pipeline}" in summary["vs_fbgemm"]:
+            summary[pipeline] = summary["vs_fbgemm"][f"triton/{pipeline}"]
+    for backend in _backends_run(results):
         for mode, same in SAME_SEMANTICS.items():
             a, b = runs.get(f"{backend}/{mode}"), runs.get(f"{backend}/{same}")
             if a is not None and b is not None:
@@ -266,7 +308,8 @@ def report(results: Dict[str, Any]) -> str:
         f"Adagrad (fp32) + dense Adagrad, tables {s['sharding'] or 'as planned'}. {s['distinct_batches']} "
         f"distinct batches cycled; {s['warmup']} warm-up steps, then {s['steps']} steps in {s['windows']} "
         "windows synchronized at both ends (ms = their mean; median and p10-p90 of single steps). Triton's "
-        f"backward launch: {s.get('backward_launch', 'default')}.", "",
+        f"backward launch: {s.get('backward_launch', 'default')}" + ("; triton@NAME: under candidate NAME"
+        if any(LAUNCH_MARK in b for b in _backends_run(results)) else "") + ".", "",
     ]  # fmt: skip
     lines += _timing_lines(results) + _loss_lines(results) + _profile_lines(results)
     return "\n".join(lines) + "\n"
@@ -275,11 +318,11 @@ def report(results: Dict[str, Any]) -> str:
 def _timing_lines(results: Dict[str, Any]) -> List[str]:
     rows = []
     for pipeline in PIPELINES:
-        for backend in BACKENDS:
+        for backend in _backends_run(results):
             r = results["runs"].get(f"{backend}/{pipeline}")
             if r is None:
                 continue
-            ratio = results["summary"].get(pipeline, {}) if backend == "triton" else {}
+            ratio = results["summary"].get("vs_fbgemm", {}).get(f"{backend}/{pipeline}", {})
             spread = f"{_fmt(r['p10_ms'])}-{_fmt(r['p90_ms'])}" if r["p10_ms"] is not None else ""
             rows.append([pipeline, backend, _fmt(r["ms"]), _fmt(r["median_ms"]), spread,
                          _fmt(r["examples_per_s"], ".0f"), _fmt(ratio.get("examples_per_s_ratio"), ".3f"),
@@ -293,19 +336,19 @@ def _timing_lines(results: Dict[str, Any]) -> List[str]:
 def _loss_lines(results: Dict[str, Any]) -> List[str]:
     lines = ["", "Loss agreement, largest |difference| over all steps (first step in parentheses): between "
              "backends per pipeline; within a backend, pipelines of equal semantics.", ""]  # fmt: skip
-    for pipeline in PIPELINES:
-        d = results["summary"].get(pipeline)
-        if d:
-            lines.append(f"- {pipeline}, triton vs fbgemm: {d['loss_diff_backends']:.2e} "
-                         f"({d['first_loss_diff_backends']:.2e})")  # fmt: skip
-    for backend in BACKENDS:
+    for key, d in results["summary"].get("vs_fbgemm", {}).items():
+        backend, _, pipeline = key.rpartition("/")
+        lines.append(f"- {pipeline}, {backend} vs fbgemm: {d['loss_diff_backends']:.2e} "
+                     f"({d['first_loss_diff_backends']:.2e})")  # fmt: skip
+    for backend in _backends_run(results):
         for key, value in results["summary"].get(backend, {}).items():
             lines.append(f"- {backend}, {key[len('loss_diff_'):].replace('_', ' ')}: {value:.2e}")
     return lines
 
 
 def _profile_lines(results: Dict[str, Any]) -> List[str]:
-    profiles = {b: results["runs"].get(f"{b}/{PROFILED_PIPELINE}", {}).get("profile") for b in BACKENDS}
+    runs = results["runs"]
+    profiles = {b: runs.get(f"{b}/{PROFILED_PIPELINE}", {}).get("profile") for b in _backends_run(results)}
     profiles = {b: prof for b, prof in profiles.items() if prof}
     if not profiles:
         return []
@@ -356,6 +399,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
 
     from tbe_plugin.torchrec.process_group import init_process_group
 
+    backends = parse_backends(args.backends, args.backward_launch)  # bad names fail before any work
     rank, world_size, device = init_process_group()
     if args.smoke:
         tables = smoke_tables(args.dim)
@@ -374,19 +418,20 @@ def run(args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
                      "batch_size": args.batch_size, "world_size": world_size, "dense": args.dense, "over": args.over,
                      "sharding": args.sharding, "steps": args.steps, "warmup": args.warmup, "windows": args.windows,
                      "distinct_batches": args.distinct_batches,
-                     "backward_launch": args.backward_launch or "default"},
+                     "backward_launch": args.backward_launch or "default",
+                     "backends": [key for key, _, _ in backends]},
         "runs": {},
     }  # fmt: skip
     try:
         # Both backends of a pipeline back to back: a run cut short keeps whole comparisons.
         for pipeline in args.pipelines.split(","):
-            for backend in args.backends.split(","):
+            for name, backend, launch in backends:
                 cfg = dlrm_config(tables, args.dense, args.over, backend, args.batch_size, args.sharding)
-                key = f"{backend}/{pipeline}"
+                key = f"{name}/{pipeline}"
                 if device.type != "cuda" and pipeline in CUDA_ONLY:
                     results.setdefault("skipped", {})[key] = CUDA_ONLY[pipeline]
                     continue
-                results["runs"][key] = measure(cfg, pipeline, batches, args, device, world_size)
+                results["runs"][key] = measure(cfg, pipeline, batches, args, device, world_size, launch)
                 if rank == 0:
                     r = results["runs"][key]
                     peak = f"peak {r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else "no GPU memory"
@@ -406,7 +451,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pipelines.bench.e2e", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench-out/e2e")
     parser.add_argument("--smoke", action="store_true", help="tiny tables on CPU (gloo, interpreter): a test")
-    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated: fbgemm, triton, triton@NAME (under profile_backward's candidate NAME)")
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
     parser.add_argument("--num-tables", type=int, default=30)
     parser.add_argument("--dim", type=int, default=128)

@@ -16,6 +16,7 @@ from pipelines.app.config import ConfigError, DataConfig, TableSpec, TablesConfi
 from pipelines.app.data import WorkloadClickLog, rows_per_table
 from pipelines.bench.e2e import (
     DENSE, GROUPS, OTHER, TBE_BACKWARD, TBE_FORWARD, UNATTRIBUTED_TBE, kernel_breakdown, kernel_group, kernel_records,
+    parse_backends,
 )  # fmt: skip
 from tbe_plugin.workloads import ctr_tables_dlrm
 
@@ -178,21 +179,47 @@ def test_training_app_trains_per_table_tables(tmp_path):
     assert metrics["steps"] == 6 and 0.0 <= metrics["auc"] <= 1.0 and metrics["log_loss"] > 0
 
 
-@pytest.mark.parametrize("candidate", ["hot16_any", "merge_marks_any", "hot16_split_any", "stack16_tf32_any"])
-def test_smoke_run_under_a_candidate_launch(tmp_path, candidate):
-    """``--backward-launch``: every Triton TBE module of the sharded model takes the candidate
-    (TorchRec keeps its lookups in a plain list, outside ``modules()``; and the backend is a
-    config object: both once left the launch silently at the default). Here the hot rows
-    apart (``hot16_any``; with the other ids compacted before the sort, ``hot16_split_any``; and
-    with the lean operands, the L2 hints and the product on tensor cores, ``stack16_tf32_any``), and
-    a bag's repeats merged in place with the marks found beside the operands
-    (``merge_marks_any``), under SparseDist: the losses still agree with FBGEMM's."""
+def test_smoke_run_under_a_candidate_launch(tmp_path):
+    """``--backward-launch`` and ``triton@NAME``: every Triton TBE module of the sharded model
+    takes the candidate (TorchRec keeps its lookups in a plain list, outside ``modules()``; and
+    the backend is a config object: both once left the launch silently at the default). Here
+    the hot rows apart (``hot16_any``, by ``--backward-launch``), and in the same process, on
+    the same batches: with the other ids compacted before the sort (``hot16_split_any``); with
+    the lean operands, the L2 hints and the product on tensor cores (``stack16_tf32_any``); a
+    bag's repeats merged in place with the marks found beside the operands
+    (``merge_marks_any``). Under SparseDist every launch's losses agree with FBGEMM's."""
+    variants = ["hot16_split_any", "stack16_tf32_any", "merge_marks_any"]
+    backends = ",".join(["fbgemm", "triton"] + [f"triton@{v}" for v in variants])
     command = [sys.executable, "-m", "pipelines.bench.e2e", "--smoke", "--out", str(tmp_path), "--pipelines",
-               "sparsedist", "--backward-launch", candidate]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=600)
+               "sparsedist", "--backward-launch", "hot16_any", "--backends", backends]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "e2e.json").read_text())
-    assert results["runs"]["triton/sparsedist"]["launch_modules"] >= 1
+    markdown = (tmp_path / "e2e.md").read_text()
+    keys = ["triton"] + [f"triton@{v}" for v in variants]
+    assert results["settings"]["backends"] == ["fbgemm"] + keys
+    assert results["settings"]["backward_launch"] == "hot16_any"
     assert results["runs"]["fbgemm/sparsedist"]["launch_modules"] == 0
-    assert results["settings"]["backward_launch"] == candidate
-    assert results["summary"]["sparsedist"]["loss_diff_backends"] < 1e-4
+    for key in keys:
+        assert results["runs"][f"{key}/sparsedist"]["launch_modules"] >= 1, key
+        assert results["summary"]["vs_fbgemm"][f"{key}/sparsedist"]["loss_diff_backends"] < 1e-4, key
+        assert f"| sparsedist | {key} |" in markdown and f"Top kernels, {key}" in markdown, key
+    assert results["summary"]["sparsedist"] is not None  # plain triton's, as before
+    assert results["summary"]["sparsedist"] == results["summary"]["vs_fbgemm"]["triton/sparsedist"]
+
+
+@pytest.mark.parametrize("backends, message", [
+    ("fbgemm,triton@no_such_launch", "'no_such_launch' is no candidate"),
+    ("fbgemm@stack16", "only triton takes a launch"),
+    ("cuda", "the backend is one of fbgemm, triton"),
+    ("triton,triton", "given twice"),
+    (",", "no backend given"),
+])  # fmt: skip
+def test_backends_are_checked_before_any_work(backends, message):
+    with pytest.raises(ValueError, match=message):
+        parse_backends(backends)
+
+
+def test_backends_take_their_launch():
+    assert parse_backends("fbgemm,triton,triton@stack16", "lean") == [
+        ("fbgemm", "fbgemm", ""), ("triton", "triton", "lean"), ("triton@stack16", "triton", "stack16")]

@@ -46,8 +46,9 @@ if part e2e; then
   backends=fbgemm,triton
   for c in ${E2E_CANDIDATES:-$CANDIDATE}; do [ "$c" = default ] || backends="$backends,triton@$c"; done
   echo "=== e2e $backends $(date +%T)"
-  timeout ${E2E_TIMEOUT:-200} python3 -m pipelines.bench.e2e --out "$OUT/e2e" --pipelines ${E2E_PIPELINES:-sparsedist,stale1} \
-    --backends "$backends" 2>&1 | filter | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense\|^| group" | tail -16
+  timeout ${E2E_TIMEOUT:-200} python3 -m pipelines.bench.e2e --out "$OUT/e2e" \
+    --pipelines ${E2E_PIPELINES:-sparsedist,stale1} --backends "$backends" 2>&1 | filter \
+    | grep "^| sparsedist\|^| stale1\|^| TBE\|^| dense\|^| group" | tail -16
 fi
 if part suite; then
   echo "=== suite with $CANDIDATE $(date +%T)"

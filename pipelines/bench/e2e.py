@@ -169,7 +169,8 @@ def step_statistics(step_ms: List[float]) -> Dict[str, Optional[float]]:
 def parse_backends(text: str, backward_launch: str = "") -> List[Tuple[str, str, str]]:
     """``--backends`` as (key, backend, launch): ``fbgemm``, ``triton`` (under
     ``backward_launch``; '' the default) and ``triton@NAME`` (under candidate NAME). Unknown
-    backends and candidates raise, naming the entry, before any model is built."""
+    backends and candidates (``--backward-launch``'s too, where triton takes it) raise,
+    naming the entry, before any model is built."""
     from tbe_plugin.benchmarks.profile_backward import CANDIDATES
 
     parsed, seen = [], set()
@@ -181,12 +182,15 @@ def parse_backends(text: str, backward_launch: str = "") -> List[Tuple[str, str,
             raise ValueError(f"--backends: {entry!r}: the backend is one of {', '.join(BACKENDS)}")
         if mark and backend != "triton":
             raise ValueError(f"--backends: {entry!r}: only triton takes a launch ({backend} has none)")
-        if mark and launch not in CANDIDATES:
-            raise ValueError(f"--backends: {entry!r}: {launch!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
         if entry in seen:
             raise ValueError(f"--backends: {entry!r} is given twice")
         seen.add(entry)
-        parsed.append((entry, backend, launch if mark else (backward_launch if backend == "triton" else "")))
+        if not mark:
+            launch = backward_launch if backend == "triton" else ""
+        if launch and launch not in CANDIDATES:
+            where = f"--backends: {entry!r}:" if mark else "--backward-launch"
+            raise ValueError(f"{where} {launch!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
+        parsed.append((entry, backend, launch))
     if not parsed:
         raise ValueError("--backends: no backend given")
     return parsed
@@ -241,13 +245,12 @@ def _with_lookups(model: torch.nn.Module) -> List[torch.nn.Module]:
 
 
 def set_backward_launch(model: torch.nn.Module, name: str) -> int:
-    """Puts the named candidate launch (``tbe_plugin.benchmarks.profile_backward.CANDIDATES``)
-    on every Triton TBE module inside ``model``; returns how many took it (0 raises)."""
+    """Puts the named candidate launch (``tbe_plugin.benchmarks.profile_backward.CANDIDATES``,
+    checked by ``parse_backends``) on every Triton TBE module inside ``model``; returns how
+    many took it (0 raises)."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
     from tbe_plugin.benchmarks.profile_backward import CANDIDATES
 
-    if name not in CANDIDATES:
-        raise ValueError(f"--backward-launch {name!r} is no candidate; candidates: {', '.join(CANDIDATES)}")
     modules = [m for m in _with_lookups(model) if isinstance(m, TritonTableBatchedEmbeddingBags)]
     if not modules:
         raise ValueError(f"backward launch {name!r}: the model holds no TritonTableBatchedEmbeddingBags")

@@ -220,6 +220,12 @@ def test_backends_are_checked_before_any_work(backends, message):
         parse_backends(backends)
 
 
+def test_backward_launch_is_checked_where_triton_takes_it():
+    with pytest.raises(ValueError, match="--backward-launch 'no_such_launch' is no candidate"):
+        parse_backends("fbgemm,triton", "no_such_launch")
+    assert parse_backends("fbgemm", "no_such_launch") == [("fbgemm", "fbgemm", "")]  # no triton: not used
+
+
 def test_backends_take_their_launch():
     assert parse_backends("fbgemm,triton,triton@stack16", "lean") == [
         ("fbgemm", "fbgemm", ""), ("triton", "triton", "lean"), ("triton@stack16", "triton", "stack16")]

@@ -155,6 +155,15 @@ CANDIDATES = {
     "stack16_tf32_any": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
                                 hot_tf32x3=True, hot_min_ids=0),  # batches of any size (the CPU smoke runs)
     "hot16_split_any": _launch(hot_rows=16, hot_split=True, hot_min_ids=0),
+    # The forward's plan launched by a host thread (RunsLaunch.plan_thread), so that the split's host
+    # read of its count does not hold the training thread; alone, its cost on the default path.
+    "thread": _launch(plan_thread=True),
+    "stack16_thread": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
+                              plan_thread=True),
+    "stack64_tf32_thread": _launch(hot_rows=64, hot_split=True, lean_operands=True, piece_evict=True,
+                                   hot_tf32x3=True, plan_thread=True),
+    "stack16_thread_any": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
+                                  plan_thread=True, hot_min_ids=0),  # batches of any size (the CPU smoke runs)
     "short_two_w2": _launch(short_two_states=True, short_warps=2, short_programs_per_sm=16),
     "short_nofit": _launch(short_fit=False),
     "short16": _launch(piece_short=16),

@@ -17,6 +17,7 @@ Lives in ``tbe_plugin.ops``: imports Triton and torch only.
 """
 
 import inspect
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -137,10 +138,19 @@ def _without_parameters(fn, *parameters: str):
 
 class EarlyPlan(NamedTuple):
     """A batch's ``plan_backward`` made in its forward, and (CUDA) the event its side stream
-    recorded after it."""
+    recorded after it; or (``RunsLaunch.plan_thread``) the plan thread's future of both."""
 
-    plan: BackwardPlan
+    plan: "BackwardPlan | Future"
     ready: Optional[torch.cuda.Event]
+
+
+_PLAN_THREAD: List[ThreadPoolExecutor] = []  # RunsLaunch.plan_thread's, made at its first use
+
+
+def _plan_thread() -> ThreadPoolExecutor:
+    if not _PLAN_THREAD:
+        _PLAN_THREAD.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="tbe_plugin_plan"))
+    return _PLAN_THREAD[0]
 
 
 _SIDE_STREAMS: dict = {}
@@ -199,25 +209,58 @@ def plan_in_forward(
                              forward_positions=positions)  # fmt: skip
 
     kept = (positions.rows, positions.bags) if positions is not None else ()
-    made, side = _beside(plan, indices.device, (feature_meta, indices, offsets, per_sample_weights, *kept),
-                         "tbe_plugin::plan_backward")  # fmt: skip
-    if side is None:
-        return EarlyPlan(made, None)
-    ready = torch.cuda.Event()
-    ready.record(side)
-    return EarlyPlan(made, ready)
+    inputs = (feature_meta, indices, offsets, per_sample_weights, *kept)
+    side = _side_after_current(indices.device)  # by this thread: the current stream is a thread's own
+
+    def plan_and_event() -> Tuple[BackwardPlan, Optional[torch.cuda.Event]]:
+        made, ran_on = _beside(plan, indices.device, inputs, "tbe_plugin::plan_backward", side)
+        if ran_on is None:
+            return made, None
+        ready = torch.cuda.Event()
+        ready.record(ran_on)
+        return made, ready
+
+    if not settings.plan_thread or side is False:  # (under capture: at once, on the capturing stream)
+        return EarlyPlan(*plan_and_event())
+    # The thread's closure holds the inputs until their work is queued on the side stream,
+    # where _beside marks them in use: their memory is not reused before the plan reads them.
+    future = _plan_thread().submit(_on_device, indices.device, plan_and_event)
+    if indices.device.type != "cuda":  # Triton's interpreter runs one kernel at a time: let it finish
+        wait([future])
+    return EarlyPlan(future, None)
 
 
-def _beside(work, device: torch.device, inputs, name: str):
-    """(``work()``, the stream it ran on): on CUDA on the side stream, after the current
-    stream's work so far, the ``inputs`` (the caller's tensors) marked in use there so that
-    their memory is not reused before it has read them; on the CPU, and inside a CUDA graph's
-    capture (a side stream's work there must join the capturing stream before the capture
-    ends, which a forward captured alone would not do), at once on the current stream (None)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return work(), None
+def _on_device(device: torch.device, work):
+    """``work()`` with ``device`` current (a thread's CUDA device is its own)."""
+    if device.type != "cuda":
+        return work()
+    with torch.cuda.device(device):
+        return work()
+
+
+def _side_after_current(device: torch.device):
+    """The side stream, made to wait for the current stream's work so far (queued by the
+    calling thread: the current stream is a thread's own); None on the CPU; False inside a
+    CUDA graph's capture (a side stream's work there must join the capturing stream before
+    the capture ends, which a forward captured alone would not do)."""
+    if device.type != "cuda":
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return False
     side = _side_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
+    return side
+
+
+def _beside(work, device: torch.device, inputs, name: str, side=None):
+    """(``work()``, the stream it ran on): on CUDA on the side stream (``side``: from
+    ``_side_after_current``, by the thread that queued the work it follows; made here when None),
+    the ``inputs`` (the caller's tensors) marked in use there so that their memory is not
+    reused before it has read them; on the CPU and under capture at once on the current
+    stream (None)."""
+    side = _side_after_current(device) if side is None else side
+    if not side:
+        return work(), None
     with torch.cuda.stream(side), profiled(name):
         made = work()
     for tensor in inputs:
@@ -267,6 +310,8 @@ def forward_positions_for(
 def take_plan(early: EarlyPlan) -> BackwardPlan:
     """The plan, for use on the current stream: it waits for the side stream's event, and
     the plan's tensors (made on the side stream) are marked in use on it."""
+    if isinstance(early.plan, Future):  # RunsLaunch.plan_thread: its error, if any, is raised here
+        early = EarlyPlan(*early.plan.result())
     if early.ready is not None:
         current = torch.cuda.current_stream(early.plan.class_pos.device)
         current.wait_event(early.ready)

@@ -149,12 +149,13 @@ def _long_bags(B, seed, rows=(40, 50, 40), lo=13, hi=30):
     return torch.cat(ids), torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
 
 
-@pytest.mark.parametrize("irregular", [False, True])
-def test_split_from_the_forwards_positions(monkeypatch, irregular):
+@pytest.mark.parametrize("irregular,thread", [(False, False), (True, False), (False, True)])
+def test_split_from_the_forwards_positions(monkeypatch, irregular, thread):
     """Planned in the forward, from the positions the forward wrote (the hot ids found by
     ``_hot_split_kernel``), against the hot rows from the positions kernel; irregular offsets
     (a first offset above 0: positions in no bag) repaired on the device first, and ids
-    outside their tables read as row 0."""
+    outside their tables read as row 0. ``thread``: the plan (and its host read of the count)
+    made by the plan thread (``RunsLaunch.plan_thread``)."""
     from tbe_plugin.ops import training
 
     written, original = [], training.plan_backward
@@ -177,7 +178,7 @@ def test_split_from_the_forwards_positions(monkeypatch, irregular):
     monkeypatch.setattr(training, "hot_choice", choosing("forward"))
     monkeypatch.setattr(embedding_backward, "hot_choice", choosing("plan"))
     seen = _spy_compactions(monkeypatch)
-    fused = dataclasses.replace(SPLIT, plan_in_forward=True, forward_positions=True)
+    fused = dataclasses.replace(SPLIT, plan_in_forward=True, forward_positions=True, plan_thread=thread)
     trained = []
     for launch in (HOT, fused):
         emb = build("EXACT_ROWWISE_ADAGRAD", specs=WIDE, ftm=[0, 1, 0], learning_rate=0.05,
@@ -227,6 +228,8 @@ def test_hot_split_on_cuda(optimizer):
 
     hot = dataclasses.replace(runs_launch(), hot_rows=16, hot_min_ids=0, graph_max_ids=0)
     split = dataclasses.replace(hot, hot_split=True)
-    modules, _ = cuda_zipf_steps(optimizer, (hot, split, split), dims=(128, 128, 128))
+    thread = dataclasses.replace(split, plan_thread=True)  # the plan and its host read by the plan thread
+    modules, _ = cuda_zipf_steps(optimizer, (hot, split, split, thread), dims=(128, 128, 128))
     assert_bitwise_equal(modules[1], modules[0])
     assert_bitwise_equal(modules[1], modules[2])
+    assert_bitwise_equal(modules[3], modules[0])

@@ -1,7 +1,8 @@
 """RunsLaunch.plan_in_forward: the backward's id-only part (``plan_backward``) made in the
 forward (on CUDA on a side stream) trains bitwise like the same part made in the backward,
 in every pooling, with per-sample weights and their gradient, and in a staleness order
-(two lookups, then their backwards); a plan made for another gradient layout is made again."""
+(two lookups, then their backwards); a plan made for another gradient layout is made again;
+made by the plan thread (``RunsLaunch.plan_thread``), the same, its errors raised by the backward."""
 
 import dataclasses
 
@@ -106,6 +107,51 @@ def test_no_plan_for_a_graphed_batch_or_when_off():
     assert emb._plan_backward(*args) is None
 
 
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_a_plan_by_the_plan_thread_trains_like_the_plan_in_backward(monkeypatch, pooling):
+    """RunsLaunch.plan_thread: the forward's plan made by the host thread, taken by the
+    backward (one plan a step, made in that thread), bitwise the plan made in the backward."""
+    import threading
+
+    threads, original = [], embedding_backward.plan_backward
+
+    def spied(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(training, "plan_backward", spied)
+    modules = []
+    for launch in (IN_BACKWARD, dataclasses.replace(IN_FORWARD, plan_thread=True)):
+        emb = build("EXACT_ROWWISE_ADAGRAD", pooling=pooling)
+        emb.backward_launch = launch
+        rows = [emb.table_rows[t] for t in emb.feature_table_map]
+        for step in range(2):
+            out = emb(*make_bags(rows, B=5, max_len=6, seed=10 + step, hot_fraction=0.5))
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(step)))
+        modules.append(emb)
+    assert_bitwise_equal(*modules)
+    assert not torch.equal(modules[0].weights, build("EXACT_ROWWISE_ADAGRAD", pooling=pooling).weights)
+    assert len(threads) == 2 and all(name.startswith("tbe_plugin_plan") for name in threads)
+
+
+def test_an_error_in_the_plan_thread_is_raised_by_the_backward(monkeypatch):
+    def failing(*args, **kwargs):
+        raise RuntimeError("the plan failed")
+
+    monkeypatch.setattr(training, "plan_backward", failing)
+    emb = build("EXACT_ROWWISE_ADAGRAD")
+    emb.backward_launch = dataclasses.replace(IN_FORWARD, plan_thread=True)
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    out = emb(*make_bags(rows, B=4, max_len=6, seed=3, hot_fraction=0.5))  # the forward returns
+    with pytest.raises(RuntimeError, match="the plan failed"):
+        out.backward(torch.ones(out.shape))
+
+
+def test_the_plan_thread_needs_the_plan_in_forward():
+    with pytest.raises(ValueError, match="RunsLaunch.plan_thread needs plan_in_forward=True"):
+        dataclasses.replace(IN_BACKWARD, plan_thread=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["EXACT_ROWWISE_ADAGRAD", "ADAM"])
 def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
@@ -123,7 +169,7 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
              for b in range(2)]  # fmt: skip
     dense = torch.randn(4096, 4096, device="cuda")
     modules = []
-    for launch in (IN_BACKWARD, IN_FORWARD, IN_FORWARD):
+    for launch in (IN_BACKWARD, IN_FORWARD, IN_FORWARD, dataclasses.replace(IN_FORWARD, plan_thread=True)):
         emb = build(optimizer, specs=list(zip(rows, dims)), ftm=None, device="cuda")
         emb.backward_launch = launch
         outs = [emb(*batch) for batch in batches]
@@ -135,6 +181,7 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
     torch.cuda.synchronize()
     assert_bitwise_equal(modules[0], modules[1])
     assert_bitwise_equal(modules[1], modules[2])
+    assert_bitwise_equal(modules[0], modules[3])  # by the plan thread (RunsLaunch.plan_thread)
     assert not torch.equal(modules[0].weights, build(optimizer, specs=list(zip(rows, dims)), ftm=None,
                                                      device="cuda").weights)  # fmt: skip
 

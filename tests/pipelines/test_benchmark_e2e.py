@@ -187,8 +187,9 @@ def test_smoke_run_under_a_candidate_launch(tmp_path):
     the same batches: with the other ids compacted before the sort (``hot16_split_any``); with
     the lean operands, the L2 hints and the product on tensor cores (``stack16_tf32_any``); a
     bag's repeats merged in place with the marks found beside the operands
-    (``merge_marks_any``). Under SparseDist every launch's losses agree with FBGEMM's."""
-    variants = ["hot16_split_any", "stack16_tf32_any", "merge_marks_any"]
+    (``merge_marks_any``); the split's plan made by the plan thread (``stack16_thread_any``).
+    Under SparseDist every launch's losses agree with FBGEMM's."""
+    variants = ["hot16_split_any", "stack16_tf32_any", "merge_marks_any", "stack16_thread_any"]
     backends = ",".join(["fbgemm", "triton"] + [f"triton@{v}" for v in variants])
     command = [sys.executable, "-m", "pipelines.bench.e2e", "--smoke", "--out", str(tmp_path), "--pipelines",
                "sparsedist", "--backward-launch", "hot16_any", "--backends", backends]  # fmt: skip

@@ -11,7 +11,10 @@ cycled, enough of them that no step finds the last one's rows in cache.
 
 Per (backend, pipeline): ms per step (windows synchronized at both ends, as
 ``pipelines.bench.pipeline`` times them: the mean, and the median and spread of the steps),
-examples/s and the ratio triton / fbgemm, peak GPU memory (from a reset before the build)
+the median host time of a step (its call's start to its return: near the step's time, the
+step is host-bound and host stalls show in it), examples/s and the ratio triton / fbgemm,
+the ratio of the median steps (fbgemm / triton: the mean's ratio less the outlier steps),
+peak GPU memory (from a reset before the build)
 and its ratio, the largest loss difference between backends (same semantics, same
 weights and batches: only summation order differs) and within a backend between
 pipelines of equal semantics (k = 0 vs SparseDist, k = 1 vs SemiSync). Under SparseDist a
@@ -166,6 +169,12 @@ def step_statistics(step_ms: List[float]) -> Dict[str, Optional[float]]:
     return {"median_ms": statistics.median(ordered), "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
 
 
+def host_median(run: Dict[str, Any]) -> Optional[float]:
+    """The median host time of a step (``time_mode``'s ``host_ms``; None for older results)."""
+    host = run.get("host_ms")
+    return statistics.median(host) if host else None
+
+
 def parse_backends(text: str, backward_launch: str = "") -> List[Tuple[str, str, str]]:
     """``--backends`` as (key, backend, launch): ``fbgemm``, ``triton`` (under
     ``backward_launch``; '' the default) and ``triton@NAME`` (under candidate NAME). Unknown
@@ -278,6 +287,7 @@ def summarize(results: Dict[str, Any]) -> None:
                 continue
             summary["vs_fbgemm"][f"{backend}/{pipeline}"] = {
                 "examples_per_s_ratio": b["examples_per_s"] / a["examples_per_s"],
+                "median_ratio": a["median_ms"] / b["median_ms"] if a["median_ms"] and b["median_ms"] else None,
                 "peak_ratio": b["peak_gib"] / a["peak_gib"] if a["peak_gib"] else None,
                 "loss_diff_backends": max(abs(x - y) for x, y in zip(a["losses"], b["losses"])),
                 "first_loss_diff_backends": abs(a["losses"][0] - b["losses"][0]),
@@ -327,11 +337,12 @@ def _timing_lines(results: Dict[str, Any]) -> List[str]:
                 continue
             ratio = results["summary"].get("vs_fbgemm", {}).get(f"{backend}/{pipeline}", {})
             spread = f"{_fmt(r['p10_ms'])}-{_fmt(r['p90_ms'])}" if r["p10_ms"] is not None else ""
-            rows.append([pipeline, backend, _fmt(r["ms"]), _fmt(r["median_ms"]), spread,
+            rows.append([pipeline, backend, _fmt(r["ms"]), _fmt(r["median_ms"]), spread, _fmt(host_median(r)),
                          _fmt(r["examples_per_s"], ".0f"), _fmt(ratio.get("examples_per_s_ratio"), ".3f"),
-                         _fmt(r["peak_gib"]), _fmt(ratio.get("peak_ratio"), ".3f")])  # fmt: skip
-    headers = ["pipeline", "backend", "ms/step", "median", "p10-p90", "examples/s", "triton / fbgemm", "peak GiB",
-               "peak triton / fbgemm"]  # fmt: skip
+                         _fmt(ratio.get("median_ratio"), ".3f"), _fmt(r["peak_gib"]),
+                         _fmt(ratio.get("peak_ratio"), ".3f")])  # fmt: skip
+    headers = ["pipeline", "backend", "ms/step", "median", "p10-p90", "host ms (median)", "examples/s",
+               "triton / fbgemm", "median fbgemm / triton", "peak GiB", "peak triton / fbgemm"]  # fmt: skip
     return [markdown_table(headers, rows), ""] + [f"Not run: {key}: {why}" for key, why in
                                                   results.get("skipped", {}).items()]  # fmt: skip
 

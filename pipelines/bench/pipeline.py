@@ -234,7 +234,9 @@ def time_mode(
 ) -> Dict[str, Any]:
     """Wall time of ``steps`` progress calls after ``warmup``, in ``windows`` windows each
     synchronized at both ends (so a pipeline's overlap across steps counts inside them);
-    every step's time between marks; the losses of all calls."""
+    every step's time between marks; the host's time in every call (``host_ms``: from its
+    start to its return; a step whose host time nears its step time is host-bound, and
+    host stalls show in it); the losses of all calls."""
     iterator = itertools.cycle(batches)
     losses = []
     for _ in range(warmup):
@@ -242,13 +244,15 @@ def time_mode(
     if not 1 <= windows <= steps:
         raise ValueError(f"windows must be in 1..steps ({steps}), got {windows}")
     counts = [steps // windows + (w < steps % windows) for w in range(windows)]
-    window_ms, step_ms = [], []
+    window_ms, step_ms, host_ms = [], [], []
     for count in counts:
         _synchronize(device)
         start, marks = time.perf_counter(), []
         for _ in range(count):
             marks.append(_mark(device))
+            called = time.perf_counter()
             losses.append(runner.progress(iterator)[0])
+            host_ms.append(round(1e3 * (time.perf_counter() - called), 3))
         marks.append(_mark(device))
         _synchronize(device)
         window_ms.append(1e3 * (time.perf_counter() - start) / count)
@@ -256,7 +260,8 @@ def time_mode(
     if hasattr(runner, "drain"):
         runner.drain()
     return {"ms": sum(ms * n for ms, n in zip(window_ms, counts)) / steps, "window_ms": window_ms,
-            "losses": [float(x) for x in torch.stack(losses).float().cpu()], "step_ms": step_ms}  # fmt: skip
+            "losses": [float(x) for x in torch.stack(losses).float().cpu()], "step_ms": step_ms,
+            "host_ms": host_ms}  # fmt: skip
 
 
 def stream_summary(trace_path: str) -> Dict[str, Any]:

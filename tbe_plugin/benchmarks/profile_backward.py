@@ -155,8 +155,10 @@ CANDIDATES = {
     "stack16_tf32_any": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
                                 hot_tf32x3=True, hot_min_ids=0),  # batches of any size (the CPU smoke runs)
     "hot16_split_any": _launch(hot_rows=16, hot_split=True, hot_min_ids=0),
-    # The forward's plan launched by a host thread (RunsLaunch.plan_thread), so that the split's host
-    # read of its count does not hold the training thread; alone, its cost on the default path.
+    # The forward's plan launched by a host thread (RunsLaunch.plan_thread, the default since the e2e
+    # A/Bs at acf7b70; the candidates above take it too): "no_thread" launches it on the training
+    # thread (the default before); the *_thread names are the same launches as those without.
+    "no_thread": _launch(plan_thread=False),
     "thread": _launch(plan_thread=True),
     "stack16_thread": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
                               plan_thread=True),

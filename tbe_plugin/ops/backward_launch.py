@@ -306,16 +306,20 @@ class RunsLaunch:
     the backward; the plan's kernels did not run beside the dense GEMMs (the device times
     add up to the step) but filled the 0.3 ms the host left idle in the backward; peak
     memory +3.3% (SparseDist) to +6.6% (SemiSync, staleness 1) over FBGEMM's."""
-    plan_thread: bool = False
-    """Candidate (off), with ``plan_in_forward``: the plan is launched by a host thread (one
-    for the process, a plan at a time), so that a plan that reads the device
-    (``hot_split``: its count of the ids left, a host read that waits for the lookup) does
-    not hold the training thread: the forward returns at once and the dense layers' kernels
-    are queued while the thread waits and then launches the rest on the side stream. The
-    backward takes the thread's plan (an error in it is raised there). Same kernels on the
-    same stream in the same order: bitwise the same step (tested). On the CPU the thread's
-    plan is awaited in the forward: Triton's interpreter patches ``triton.language`` while a
-    kernel runs and is not safe to run from two threads at once. Not timed."""
+    plan_thread: bool = True
+    """Where the plan is made in the forward (``plan_in_forward``; otherwise no thread is
+    used): it is launched by a host thread (one for the process, a plan at a time), so the
+    forward returns at once and the dense layers' kernels are queued while the thread
+    launches the plan's ~20 kernels on the side stream; a plan that reads the device
+    (``hot_split``: its count of the ids left, a host read that waits for the lookup) waits
+    there, not on the training thread. The backward takes the thread's plan (an error in it
+    is raised there). Same kernels on the same stream in the same order: bitwise the same
+    step (tested). On the CPU the thread's plan is awaited in the forward: Triton's
+    interpreter patches ``triton.language`` while a kernel runs and is not safe to run from
+    two threads at once. H100 at acf7b70 (``pipelines.bench.e2e``, ctr-dlrm DLRM, both in
+    one process, five A/Bs): median step 13.21-13.48 ms against 13.21-14.88 without it
+    (FBGEMM's 14.41-14.45), mean 13.41-14.83 against 13.42-15.28; the training thread's
+    host time is what the step waits on when the host stalls (``host ms`` in the e2e)."""
     forward_positions: bool = True
     """With ``plan_in_forward``, the training forward's warp kernels
     (``forward_warp``, FLAT 3 and 4) write the plan's first step as they read each bag's ids
@@ -474,8 +478,6 @@ class RunsLaunch:
         for name in ("lean_operands", "piece_evict"):  # the pieces design's operands and kernel
             if getattr(self, name) and self.design != "pieces":
                 raise ValueError(f"RunsLaunch.{name} is for the pieces design, got design={self.design!r}")
-        if self.plan_thread and not self.plan_in_forward:
-            raise ValueError("RunsLaunch.plan_thread needs plan_in_forward=True (it is how the forward's plan is made)")
         if self.piece_order and not self.piece_records:
             raise ValueError("RunsLaunch.piece_order needs piece_records=True (it orders the per-piece records)")
         if self.graph_fill and not self.graph_grad_in_place:

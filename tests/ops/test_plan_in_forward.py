@@ -16,7 +16,8 @@ from tests.helpers import assert_bitwise_equal, make_bags
 from tests.ops.backward_helpers import build
 
 IN_BACKWARD = dataclasses.replace(runs_launch(), plan_in_forward=False, graph_max_ids=0)
-IN_FORWARD = dataclasses.replace(runs_launch(), plan_in_forward=True, graph_max_ids=0)
+IN_FORWARD = dataclasses.replace(runs_launch(), plan_in_forward=True, graph_max_ids=0)  # by the plan thread
+ON_TRAINING_THREAD = dataclasses.replace(IN_FORWARD, plan_thread=False)
 
 
 def _counting_plans(monkeypatch):
@@ -36,7 +37,7 @@ def _counting_plans(monkeypatch):
 def test_plan_in_forward_trains_like_the_plan_in_backward(monkeypatch, pooling, weighted):
     calls = _counting_plans(monkeypatch)
     modules, psw_grads = [], []
-    for launch in (IN_BACKWARD, IN_FORWARD):
+    for launch in (IN_BACKWARD, IN_FORWARD, ON_TRAINING_THREAD):
         emb = build("EXACT_ROWWISE_ADAGRAD", pooling=pooling)
         emb.backward_launch = launch
         rows = [emb.table_rows[t] for t in emb.feature_table_map]
@@ -52,10 +53,11 @@ def test_plan_in_forward_trains_like_the_plan_in_backward(monkeypatch, pooling, 
             grads.append(psw.grad)
         modules.append(emb)
         psw_grads.append(grads)
-    assert_bitwise_equal(*modules)
+    assert_bitwise_equal(modules[0], modules[1])
+    assert_bitwise_equal(modules[0], modules[2])
     assert not torch.equal(modules[0].weights, build("EXACT_ROWWISE_ADAGRAD", pooling=pooling).weights)  # trained
     if weighted:
-        assert all(torch.equal(a, b) for a, b in zip(*psw_grads))
+        assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*psw_grads))
         assert psw_grads[0][0].abs().sum() > 0
 
 
@@ -147,9 +149,27 @@ def test_an_error_in_the_plan_thread_is_raised_by_the_backward(monkeypatch):
         out.backward(torch.ones(out.shape))
 
 
-def test_the_plan_thread_needs_the_plan_in_forward():
-    with pytest.raises(ValueError, match="RunsLaunch.plan_thread needs plan_in_forward=True"):
-        dataclasses.replace(IN_BACKWARD, plan_thread=True)
+def test_the_plan_thread_is_the_default_and_only_for_the_plan_in_forward(monkeypatch):
+    """On by default; with the plan in the backward (``plan_in_forward=False``) no plan goes
+    to the thread: the backward makes it on the training thread."""
+    import threading
+
+    assert runs_launch().plan_thread and runs_launch().plan_in_forward
+    threads, original = [], embedding_backward.plan_backward
+
+    def spied(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(training, "plan_backward", spied)  # the forward's
+    monkeypatch.setattr(embedding_backward, "plan_backward", spied)  # the backward's own
+    emb = build("EXACT_ROWWISE_ADAGRAD")
+    emb.backward_launch = dataclasses.replace(IN_BACKWARD, plan_thread=True)
+    rows = [emb.table_rows[t] for t in emb.feature_table_map]
+    out = emb(*make_bags(rows, B=4, max_len=6, seed=3, hot_fraction=0.5))
+    assert threads == []  # nothing planned in the forward
+    out.backward(torch.ones(out.shape))
+    assert threads == [threading.current_thread().name]
 
 
 @pytest.mark.gpu
@@ -169,7 +189,7 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
              for b in range(2)]  # fmt: skip
     dense = torch.randn(4096, 4096, device="cuda")
     modules = []
-    for launch in (IN_BACKWARD, IN_FORWARD, IN_FORWARD, dataclasses.replace(IN_FORWARD, plan_thread=True)):
+    for launch in (IN_BACKWARD, ON_TRAINING_THREAD, ON_TRAINING_THREAD, IN_FORWARD):
         emb = build(optimizer, specs=list(zip(rows, dims)), ftm=None, device="cuda")
         emb.backward_launch = launch
         outs = [emb(*batch) for batch in batches]
@@ -181,7 +201,7 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
     torch.cuda.synchronize()
     assert_bitwise_equal(modules[0], modules[1])
     assert_bitwise_equal(modules[1], modules[2])
-    assert_bitwise_equal(modules[0], modules[3])  # by the plan thread (RunsLaunch.plan_thread)
+    assert_bitwise_equal(modules[0], modules[3])  # by the plan thread (RunsLaunch.plan_thread, the default)
     assert not torch.equal(modules[0].weights, build(optimizer, specs=list(zip(rows, dims)), ftm=None,
                                                      device="cuda").weights)  # fmt: skip
 

@@ -160,6 +160,8 @@ CANDIDATES = {
     # thread (the default before); the *_thread names are the same launches as those without.
     "no_thread": _launch(plan_thread=False),
     "thread": _launch(plan_thread=True),
+    # The plan on the current stream right after the lookup, by the training thread (RunsLaunch.plan_side_stream).
+    "plan_main_stream": _launch(plan_side_stream=False),
     "stack16_thread": _launch(hot_rows=16, hot_split=True, hot_sample=1024, lean_operands=True, piece_evict=True,
                               plan_thread=True),
     "stack64_tf32_thread": _launch(hot_rows=64, hot_split=True, lean_operands=True, piece_evict=True,

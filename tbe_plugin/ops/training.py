@@ -210,7 +210,8 @@ def plan_in_forward(
 
     kept = (positions.rows, positions.bags) if positions is not None else ()
     inputs = (feature_meta, indices, offsets, per_sample_weights, *kept)
-    side = _side_after_current(indices.device)  # by this thread: the current stream is a thread's own
+    # By this thread: the current stream is a thread's own. False: at once, on the current stream.
+    side = _side_after_current(indices.device) if settings.plan_side_stream else False
 
     def plan_and_event() -> Tuple[BackwardPlan, Optional[torch.cuda.Event]]:
         made, ran_on = _beside(plan, indices.device, inputs, "tbe_plugin::plan_backward", side)
@@ -220,7 +221,7 @@ def plan_in_forward(
         ready.record(ran_on)
         return made, ready
 
-    if not settings.plan_thread or side is False:  # (under capture: at once, on the capturing stream)
+    if not settings.plan_thread or side is False:  # (under capture or plan_side_stream=False: at once)
         return EarlyPlan(*plan_and_event())
     # The thread's closure holds the inputs until their work is queued on the side stream,
     # where _beside marks them in use: their memory is not reused before the plan reads them.

@@ -18,6 +18,7 @@ from tests.ops.backward_helpers import build
 IN_BACKWARD = dataclasses.replace(runs_launch(), plan_in_forward=False, graph_max_ids=0)
 IN_FORWARD = dataclasses.replace(runs_launch(), plan_in_forward=True, graph_max_ids=0)  # by the plan thread
 ON_TRAINING_THREAD = dataclasses.replace(IN_FORWARD, plan_thread=False)
+ON_CURRENT_STREAM = dataclasses.replace(IN_FORWARD, plan_side_stream=False)  # by the training thread, at once
 
 
 def _counting_plans(monkeypatch):
@@ -37,7 +38,7 @@ def _counting_plans(monkeypatch):
 def test_plan_in_forward_trains_like_the_plan_in_backward(monkeypatch, pooling, weighted):
     calls = _counting_plans(monkeypatch)
     modules, psw_grads = [], []
-    for launch in (IN_BACKWARD, IN_FORWARD, ON_TRAINING_THREAD):
+    for launch in (IN_BACKWARD, IN_FORWARD, ON_TRAINING_THREAD, ON_CURRENT_STREAM):
         emb = build("EXACT_ROWWISE_ADAGRAD", pooling=pooling)
         emb.backward_launch = launch
         rows = [emb.table_rows[t] for t in emb.feature_table_map]
@@ -53,11 +54,11 @@ def test_plan_in_forward_trains_like_the_plan_in_backward(monkeypatch, pooling, 
             grads.append(psw.grad)
         modules.append(emb)
         psw_grads.append(grads)
-    assert_bitwise_equal(modules[0], modules[1])
-    assert_bitwise_equal(modules[0], modules[2])
+    for module in modules[1:]:
+        assert_bitwise_equal(modules[0], module)
     assert not torch.equal(modules[0].weights, build("EXACT_ROWWISE_ADAGRAD", pooling=pooling).weights)  # trained
     if weighted:
-        assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*psw_grads))
+        assert all(all(torch.equal(grads[0], g) for g in grads[1:]) for grads in zip(*psw_grads))
         assert psw_grads[0][0].abs().sum() > 0
 
 
@@ -151,7 +152,8 @@ def test_an_error_in_the_plan_thread_is_raised_by_the_backward(monkeypatch):
 
 def test_the_plan_thread_is_the_default_and_only_for_the_plan_in_forward(monkeypatch):
     """On by default; with the plan in the backward (``plan_in_forward=False``) no plan goes
-    to the thread: the backward makes it on the training thread."""
+    to the thread: the backward makes it on the training thread; nor with the plan on the
+    current stream (``plan_side_stream=False``): the forward makes it on the training thread."""
     import threading
 
     assert runs_launch().plan_thread and runs_launch().plan_in_forward
@@ -170,6 +172,9 @@ def test_the_plan_thread_is_the_default_and_only_for_the_plan_in_forward(monkeyp
     assert threads == []  # nothing planned in the forward
     out.backward(torch.ones(out.shape))
     assert threads == [threading.current_thread().name]
+    emb.backward_launch = ON_CURRENT_STREAM  # planned in the forward, at once, by the training thread
+    emb(*make_bags(rows, B=4, max_len=6, seed=4, hot_fraction=0.5)).backward(torch.ones(out.shape))
+    assert threads == [threading.current_thread().name] * 2
 
 
 @pytest.mark.gpu
@@ -189,7 +194,7 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
              for b in range(2)]  # fmt: skip
     dense = torch.randn(4096, 4096, device="cuda")
     modules = []
-    for launch in (IN_BACKWARD, ON_TRAINING_THREAD, ON_TRAINING_THREAD, IN_FORWARD):
+    for launch in (IN_BACKWARD, ON_TRAINING_THREAD, ON_TRAINING_THREAD, IN_FORWARD, ON_CURRENT_STREAM):
         emb = build(optimizer, specs=list(zip(rows, dims)), ftm=None, device="cuda")
         emb.backward_launch = launch
         outs = [emb(*batch) for batch in batches]
@@ -202,6 +207,7 @@ def test_plan_on_a_side_stream_trains_like_the_plan_in_backward(optimizer):
     assert_bitwise_equal(modules[0], modules[1])
     assert_bitwise_equal(modules[1], modules[2])
     assert_bitwise_equal(modules[0], modules[3])  # by the plan thread (RunsLaunch.plan_thread, the default)
+    assert_bitwise_equal(modules[0], modules[4])  # on the current stream (RunsLaunch.plan_side_stream=False)
     assert not torch.equal(modules[0].weights, build(optimizer, specs=list(zip(rows, dims)), ftm=None,
                                                      device="cuda").weights)  # fmt: skip
 

@@ -318,15 +318,16 @@ class RunsLaunch:
     interpreter patches ``triton.language`` while a kernel runs and is not safe to run from
     two threads at once. H100 at acf7b70 (``pipelines.bench.e2e``, ctr-dlrm DLRM, both in
     one process, five A/Bs): median step 13.21-13.48 ms against 13.21-14.88 without it
-    (FBGEMM's 14.41-14.45), mean 13.41-14.83 against 13.42-15.28; the training thread's
-    host time is what the step waits on when the host stalls (``host ms`` in the e2e)."""
+    (FBGEMM's 14.41-14.45), mean 13.41-14.83 against 13.42-15.28, on a noisy host; on a
+    quiet one (686412b) a tie (13.24 vs 13.25 median, 1.089x vs 1.088x FBGEMM's mean): what it
+    buys is less of the step waiting on the training thread when the host stalls."""
     plan_side_stream: bool = True
     """With ``plan_in_forward``: the plan's kernels on a side stream (beside the dense
     layers until the backward). Candidate ``False``: on the current stream, launched by the
     training thread right after the lookup (no thread, no side stream): the plan's ~0.6 ms
-    then runs before the dense layers, not beside them. For the A/B of where the 0.33 ms the
-    dense kernels took longer in our step than in FBGEMM's went (H100 at 686412b: dense alone
-    9.95 against 9.62 ms, the side stream's kernels 0.1-0.3 ms beside them). Not timed."""
+    then runs before the dense layers, not beside them: the A/B of what the side stream buys
+    the step (H100 at 686412b: 0.1-0.4 ms a step of our kernels ran beside dense ones). Not
+    timed."""
     forward_positions: bool = True
     """With ``plan_in_forward``, the training forward's warp kernels
     (``forward_warp``, FLAT 3 and 4) write the plan's first step as they read each bag's ids

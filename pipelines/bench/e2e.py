@@ -20,7 +20,9 @@ weights and batches: only summation order differs) and within a backend between
 pipelines of equal semantics (k = 0 vs SparseDist, k = 1 vs SemiSync). Under SparseDist a
 few steps per backend are profiled: device time per step of TBE forward, TBE backward,
 dense and other kernels, and the top kernels (on CPU: ops' own CPU time instead); on a GPU
-also their timeline (``timeline.py``: what ran alone, what ran at once, and the idle time).
+also their timeline (``timeline.py``: what ran alone, what ran at once, and the idle time)
+and the host's waits for the device (``host_waits``: synchronizations and blocking copies, by
+the ops that made them).
 
 ``--backends fbgemm,triton,triton@stack16``: ``triton@NAME`` is the Triton backend under
 ``profile_backward``'s candidate launch NAME (plain ``triton`` takes ``--backward-launch``):
@@ -106,6 +108,37 @@ def _op_chain(event: Any) -> List[str]:
         names.append(event.name)
         event = event.cpu_parent
     return names
+
+
+# CUDA runtime calls in which the host waits for the device (the profiler records them as the
+# host's events, inside the op that made them); a copy counts from HOST_WAIT_MIN_US (a copy
+# from pinned memory returns at once; one to pageable memory waits for its stream).
+HOST_WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                   "cudaMemcpyAsync")  # fmt: skip
+HOST_WAIT_MIN_US = 20.0
+
+
+def host_waits(events: Any, steps: int, top: int = 8) -> Dict[str, Any]:
+    """Per step: the host's ms in CUDA calls that wait for the device (``HOST_WAIT_CALLS``),
+    all of them and by the ops that made them (the innermost two and outermost two op names
+    of the call's chain); calls outside any op (the harness's own synchronize) apart."""
+    by_ops: Dict[str, float] = {}
+    outside = 0.0
+    for event in events:
+        if event.name not in HOST_WAIT_CALLS:
+            continue
+        us = event.cpu_time_total
+        if event.name.startswith("cudaMemcpy") and us < HOST_WAIT_MIN_US:
+            continue
+        chain = _op_chain(event.cpu_parent) if event.cpu_parent is not None else []
+        if not chain:
+            outside += us
+            continue
+        key = " < ".join(chain if len(chain) <= 4 else chain[:2] + ["..."] + chain[-2:])
+        by_ops[f"{event.name} in {key}"] = by_ops.get(f"{event.name} in {key}", 0.0) + us
+    ranked = sorted(by_ops.items(), key=lambda item: -item[1])[:top]
+    return {"ms_per_step": sum(by_ops.values()) / 1e3 / steps, "outside_ops_ms": outside / 1e3 / steps,
+            "by_ops": [{"ops": ops, "ms": us / 1e3 / steps} for ops, us in ranked]}  # fmt: skip
 
 
 def kernel_records(events: Any, device_time: bool) -> List[Tuple[str, str, float]]:
@@ -233,6 +266,7 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
         run["profile"]["device_time"] = on_cuda
         if on_cuda:
             run["profile"]["timeline"] = device_timeline(events, args.profile_steps)
+            run["profile"]["host_waits"] = host_waits(events, args.profile_steps)
     del runner, dmp, optimizer
     return run
 
@@ -378,7 +412,20 @@ def _profile_lines(results: Dict[str, Any]) -> List[str]:
                 for k in prof["top"]]  # fmt: skip
         lines += ["", f"Top kernels, {backend} ({unit} per step):", "",
                   markdown_table(["kernel", "group", "ms", "%"], rows)]  # fmt: skip
-    return lines + _timeline_lines(profiles, steps)
+    return lines + _timeline_lines(profiles, steps) + _host_wait_lines(profiles)
+
+
+def _host_wait_lines(profiles: Dict[str, Any]) -> List[str]:
+    lines = []
+    for backend, prof in profiles.items():
+        waits = prof.get("host_waits")
+        if waits is None:
+            continue
+        rows = [[w["ops"][:160].replace("|", "/"), _fmt(w["ms"], ".3f")] for w in waits["by_ops"]]
+        lines += ["", f"Host waits for the device, {backend}: {waits['ms_per_step']:.3f} ms a profiled step in ops "
+                  f"(+{waits['outside_ops_ms']:.3f} outside any op: the harness's synchronize), by call and ops "
+                  f"(innermost first):", "", markdown_table(["call in ops", "ms per step"], rows)]  # fmt: skip
+    return lines
 
 
 def _timeline_lines(profiles: Dict[str, Any], steps: int) -> List[str]:

@@ -15,8 +15,8 @@ from torch.autograd.profiler_util import Kernel
 from pipelines.app.config import ConfigError, DataConfig, TableSpec, TablesConfig
 from pipelines.app.data import WorkloadClickLog, rows_per_table
 from pipelines.bench.e2e import (
-    DENSE, GROUPS, OTHER, TBE_BACKWARD, TBE_FORWARD, UNATTRIBUTED_TBE, kernel_breakdown, kernel_group, kernel_records,
-    parse_backends,
+    DENSE, GROUPS, OTHER, TBE_BACKWARD, TBE_FORWARD, UNATTRIBUTED_TBE, host_waits, kernel_breakdown, kernel_group,
+    kernel_records, parse_backends,
 )  # fmt: skip
 from tbe_plugin.workloads import ctr_tables_dlrm
 
@@ -234,3 +234,33 @@ def test_backward_launch_is_checked_where_triton_takes_it():
 def test_backends_take_their_launch():
     assert parse_backends("fbgemm,triton,triton@stack16", "lean") == [
         ("fbgemm", "fbgemm", ""), ("triton", "triton", "lean"), ("triton@stack16", "triton", "stack16")]
+
+
+def test_host_waits_sums_the_device_waits_by_the_ops_that_made_them():
+    """The profiler's CUDA runtime calls that wait (synchronizations; copies from 20 us) per
+    step, by call and op chain (innermost first); launches and short copies left out; calls
+    outside any op (the harness's synchronize) apart."""
+
+    def op(name, parent=None):
+        return SimpleNamespace(name=name, cpu_parent=parent, cpu_time_total=0.0)
+
+    dist = op("## sparse_data_dist ##")
+    item, copy = op("aten::item", op("aten::tolist", dist)), op("aten::copy_", op("aten::to", dist))
+    events = [
+        SimpleNamespace(name="cudaStreamSynchronize", cpu_parent=item, cpu_time_total=500.0),
+        SimpleNamespace(name="cudaStreamSynchronize", cpu_parent=item, cpu_time_total=100.0),
+        SimpleNamespace(name="cudaMemcpyAsync", cpu_parent=copy, cpu_time_total=300.0),
+        SimpleNamespace(name="cudaMemcpyAsync", cpu_parent=copy, cpu_time_total=5.0),  # a pinned copy: no wait
+        SimpleNamespace(name="cudaLaunchKernel", cpu_parent=item, cpu_time_total=900.0),
+        SimpleNamespace(name="cudaDeviceSynchronize", cpu_parent=None, cpu_time_total=100.0),
+        item, copy, dist,
+    ]
+    waits = host_waits(events, steps=2)
+    assert waits["ms_per_step"] == pytest.approx(0.45) and waits["outside_ops_ms"] == pytest.approx(0.05)
+    assert waits["by_ops"] == [
+        {"ops": "cudaStreamSynchronize in aten::item < aten::tolist < ## sparse_data_dist ##", "ms": pytest.approx(0.3)},
+        {"ops": "cudaMemcpyAsync in aten::copy_ < aten::to < ## sparse_data_dist ##", "ms": pytest.approx(0.15)},
+    ]
+    deep = op("a", op("b", op("c", op("d", op("e")))))
+    waits = host_waits([SimpleNamespace(name="cudaEventSynchronize", cpu_parent=deep, cpu_time_total=10.0)], 1)
+    assert waits["by_ops"][0]["ops"] == "cudaEventSynchronize in a < b < ... < d < e"

@@ -212,9 +212,15 @@ def plan_in_forward(
     inputs = (feature_meta, indices, offsets, per_sample_weights, *kept)
     # By this thread: the current stream is a thread's own. False: at once, on the current stream.
     side = _side_after_current(indices.device) if settings.plan_side_stream else False
+    # plan_side_stream=False on CUDA (not under capture): the event is recorded on the current
+    # stream all the same, for a backward on another stream (a pipeline's).
+    here = None
+    if side is False and indices.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        here = torch.cuda.current_stream(indices.device)
 
     def plan_and_event() -> Tuple[BackwardPlan, Optional[torch.cuda.Event]]:
         made, ran_on = _beside(plan, indices.device, inputs, "tbe_plugin::plan_backward", side)
+        ran_on = here if ran_on is None else ran_on
         if ran_on is None:
             return made, None
         ready = torch.cuda.Event()

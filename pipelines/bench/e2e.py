@@ -56,6 +56,7 @@ from pipelines.bench.pipeline import (
 from pipelines.bench.timeline import alone_and_shared, device_intervals, timeline_breakdown
 from pipelines.metrics import phase_of
 from tbe_plugin.benchmarks.common import markdown_table
+from tbe_plugin.benchmarks.compiles import compiles
 from tbe_plugin.workloads import Workload, ctr_tables_dlrm, skew_stats
 
 PIPELINES = ("sparsedist", "semisync", "stale0", "stale1")
@@ -255,7 +256,10 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
     launched = set_backward_launch(dmp, launch) if cfg.backend.name == "triton" and launch else 0
     resident = torch.cuda.memory_allocated(device) if on_cuda else None
     runner = make_pipeline(pipeline, dmp, optimizer, device)
-    run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
+    with compiles() as compiled:  # a kernel compiled or loaded during the timed steps stalls them
+        run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
+    timed_from = run.pop("timed_from")
+    run["compiles_timed"] = [name for name, when in compiled if when >= timed_from]
     run.update(step_statistics(run["step_ms"]), plan=plan_summary(dmp), launch_modules=launched)
     run["examples_per_s"] = cfg.data.batch_size * world_size / run["ms"] * 1e3
     run["resident_gib"] = resident / 2**30 if on_cuda else None
@@ -377,8 +381,12 @@ def _timing_lines(results: Dict[str, Any]) -> List[str]:
                          _fmt(ratio.get("peak_ratio"), ".3f")])  # fmt: skip
     headers = ["pipeline", "backend", "ms/step", "median", "p10-p90", "host ms (median)", "examples/s",
                "triton / fbgemm", "median fbgemm / triton", "peak GiB", "peak triton / fbgemm"]  # fmt: skip
-    return [markdown_table(headers, rows), ""] + [f"Not run: {key}: {why}" for key, why in
-                                                  results.get("skipped", {}).items()]  # fmt: skip
+    compiled = {key: r["compiles_timed"] for key, r in results["runs"].items() if r.get("compiles_timed")}
+    late = (["Triton kernels compiled or loaded during the timed steps (each stalls its step): "
+             + "; ".join(f"{key}: {len(names)} ({', '.join(sorted(set(names)))})" for key, names in compiled.items())]
+            if compiled else ["No Triton kernel was compiled or loaded during the timed steps."])  # fmt: skip
+    return [markdown_table(headers, rows), "", *late, ""] + [f"Not run: {key}: {why}" for key, why in
+                                                             results.get("skipped", {}).items()]  # fmt: skip
 
 
 def _loss_lines(results: Dict[str, Any]) -> List[str]:

@@ -236,7 +236,8 @@ def time_mode(
     synchronized at both ends (so a pipeline's overlap across steps counts inside them);
     every step's time between marks; the host's time in every call (``host_ms``: from its
     start to its return; a step whose host time nears its step time is host-bound, and
-    host stalls show in it); the losses of all calls."""
+    host stalls show in it); the losses of all calls; ``timed_from``: the timed steps' start
+    (``time.perf_counter()``)."""
     iterator = itertools.cycle(batches)
     losses = []
     for _ in range(warmup):
@@ -245,6 +246,7 @@ def time_mode(
         raise ValueError(f"windows must be in 1..steps ({steps}), got {windows}")
     counts = [steps // windows + (w < steps % windows) for w in range(windows)]
     window_ms, step_ms, host_ms = [], [], []
+    timed_from = time.perf_counter()  # the timed steps' start on the host's clock
     for count in counts:
         _synchronize(device)
         start, marks = time.perf_counter(), []
@@ -261,7 +263,7 @@ def time_mode(
         runner.drain()
     return {"ms": sum(ms * n for ms, n in zip(window_ms, counts)) / steps, "window_ms": window_ms,
             "losses": [float(x) for x in torch.stack(losses).float().cpu()], "step_ms": step_ms,
-            "host_ms": host_ms}  # fmt: skip
+            "host_ms": host_ms, "timed_from": timed_from}  # fmt: skip
 
 
 def stream_summary(trace_path: str) -> Dict[str, Any]:
@@ -356,6 +358,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                         runner = make_pipeline(mode, dmp, optimizer, device)
                     key = f"{balance}/{backend}/{mode}"
                     results["runs"][key] = time_mode(runner, batches, args.warmup, args.steps, device)
+                    results["runs"][key].pop("timed_from")  # a host clock reading: nothing to keep
                     results["runs"][key]["plan"] = plan_summary(dmp)
                     if args.trace and balance == "balanced" and mode in ("stale1", "sparsedist"):
                         path = os.path.join(args.out, f"trace_{backend}_{mode}_rank{rank}.json")

@@ -58,37 +58,34 @@ WORKLOADS = {
 }  # fmt: skip
 
 
-def build(workload: Workload, device: torch.device, candidate: str):
+def build(workload: Workload, device: torch.device, candidate: str, as_trained: bool = False):
+    """Ours under ``candidate``, rowwise Adagrad, lr 0.01: its plan in the backward (the whole
+    backward is timed), or (``as_trained``) as the end to end trains it, its plan in the
+    forward (``default``: the module's own launch)."""
     from tbe_plugin import TritonTableBatchedEmbeddingBags
     from tbe_plugin.benchmarks.profile_backward import CANDIDATES
 
     specs = [(t.rows, t.dim) for t in workload.tables]
     module = TritonTableBatchedEmbeddingBags(specs, optimizer="EXACT_ROWWISE_ADAGRAD", learning_rate=0.01,
                                              device=device)  # fmt: skip
-    module.backward_launch = plan_in_backward(CANDIDATES[candidate]())  # the whole backward is timed
+    if not as_trained:
+        module.backward_launch = plan_in_backward(CANDIDATES[candidate]())
+    elif candidate != "default":
+        module.backward_launch = CANDIDATES[candidate]()
     return module
 
 
 def build_step(workload: Workload, device: torch.device, candidate: str) -> torch.nn.Module:
     """Ours under ``candidate`` as the end to end trains it (its plan in the forward), or
     FBGEMM's module (``candidate`` ``fbgemm``), rowwise Adagrad, lr 0.01."""
-    from tbe_plugin.benchmarks.profile_backward import CANDIDATES
+    if candidate != "fbgemm":
+        return build(workload, device, candidate, as_trained=True)
+    from tbe_plugin.benchmarks.common import fbgemm_api
 
-    specs = [(t.rows, t.dim) for t in workload.tables]
-    if candidate == "fbgemm":
-        from tbe_plugin.benchmarks.common import fbgemm_api
-
-        api = fbgemm_api()
-        specs = [(rows, dim, api.EmbeddingLocation.DEVICE, api.ComputeDevice.CUDA) for rows, dim in specs]
-        return api.SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=api.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                                         learning_rate=0.01, device=device)  # fmt: skip
-    from tbe_plugin import TritonTableBatchedEmbeddingBags
-
-    module = TritonTableBatchedEmbeddingBags(specs, optimizer="EXACT_ROWWISE_ADAGRAD", learning_rate=0.01,
-                                             device=device)  # fmt: skip
-    if candidate != "default":
-        module.backward_launch = CANDIDATES[candidate]()
-    return module
+    api = fbgemm_api()
+    specs = [(t.rows, t.dim, api.EmbeddingLocation.DEVICE, api.ComputeDevice.CUDA) for t in workload.tables]
+    return api.SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=api.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                     learning_rate=0.01, device=device)  # fmt: skip
 
 
 def profile_step(workload: Workload, calls: int, device: torch.device, top: int, candidate: str) -> dict:

@@ -210,24 +210,20 @@ def plan_in_forward(
 
     kept = (positions.rows, positions.bags) if positions is not None else ()
     inputs = (feature_meta, indices, offsets, per_sample_weights, *kept)
-    # By this thread: the current stream is a thread's own. False: at once, on the current stream.
-    side = _side_after_current(indices.device) if settings.plan_side_stream else False
-    # plan_side_stream=False on CUDA (not under capture): the event is recorded on the current
-    # stream all the same, for a backward on another stream (a pipeline's).
-    here = None
-    if side is False and indices.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-        here = torch.cuda.current_stream(indices.device)
+    # The stream the plan runs on, chosen by this thread (the current stream is a thread's own):
+    # the side stream; or (plan_side_stream=False) the current one, its event recorded all the
+    # same for a backward on another stream (a pipeline's); False under capture: at once.
+    side = _stream_after_current(indices.device, settings.plan_side_stream)
 
     def plan_and_event() -> Tuple[BackwardPlan, Optional[torch.cuda.Event]]:
         made, ran_on = _beside(plan, indices.device, inputs, "tbe_plugin::plan_backward", side)
-        ran_on = here if ran_on is None else ran_on
         if ran_on is None:
             return made, None
         ready = torch.cuda.Event()
         ready.record(ran_on)
         return made, ready
 
-    if not settings.plan_thread or side is False:  # (under capture or plan_side_stream=False: at once)
+    if not (settings.plan_thread and settings.plan_side_stream) or side is False:  # at once, by this thread
         return EarlyPlan(*plan_and_event())
     # The thread's closure holds the inputs until their work is queued on the side stream,
     # where _beside marks them in use: their memory is not reused before the plan reads them.
@@ -245,27 +241,31 @@ def _on_device(device: torch.device, work):
         return work()
 
 
-def _side_after_current(device: torch.device):
-    """The side stream, made to wait for the current stream's work so far (queued by the
-    calling thread: the current stream is a thread's own); None on the CPU; False inside a
-    CUDA graph's capture (a side stream's work there must join the capturing stream before
-    the capture ends, which a forward captured alone would not do)."""
+def _stream_after_current(device: torch.device, side: bool = True):
+    """The stream to queue work on after the current stream's work so far (queued by the
+    calling thread: the current stream is a thread's own): the side stream, made to wait for
+    the current one; or (``side=False``) the current stream itself. None on the CPU; False
+    inside a CUDA graph's capture (a side stream's work there must join the capturing stream
+    before the capture ends, which a forward captured alone would not do)."""
     if device.type != "cuda":
         return None
     if torch.cuda.is_current_stream_capturing():
         return False
-    side = _side_stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    return side
+    current = torch.cuda.current_stream(device)
+    if not side:
+        return current
+    stream = _side_stream(device)
+    stream.wait_stream(current)
+    return stream
 
 
 def _beside(work, device: torch.device, inputs, name: str, side=None):
     """(``work()``, the stream it ran on): on CUDA on the side stream (``side``: from
-    ``_side_after_current``, by the thread that queued the work it follows; made here when None),
+    ``_stream_after_current``, by the thread that queued the work it follows; made here when None),
     the ``inputs`` (the caller's tensors) marked in use there so that their memory is not
     reused before it has read them; on the CPU and under capture at once on the current
     stream (None)."""
-    side = _side_after_current(device) if side is None else side
+    side = _stream_after_current(device) if side is None else side
     if not side:
         return work(), None
     with torch.cuda.stream(side), profiled(name):

@@ -259,7 +259,8 @@ def test_host_waits_sums_the_device_waits_by_the_ops_that_made_them():
     waits = host_waits(events, steps=2)
     assert waits["ms_per_step"] == pytest.approx(0.45) and waits["outside_ops_ms"] == pytest.approx(0.05)
     assert waits["by_ops"] == [
-        {"ops": "cudaStreamSynchronize in aten::item < aten::tolist < ## sparse_data_dist ##", "ms": pytest.approx(0.3)},
+        {"ops": "cudaStreamSynchronize in aten::item < aten::tolist < ## sparse_data_dist ##",
+         "ms": pytest.approx(0.3)},
         {"ops": "cudaMemcpyAsync in aten::copy_ < aten::to < ## sparse_data_dist ##", "ms": pytest.approx(0.15)},
     ]
     deep = op("a", op("b", op("c", op("d", op("e")))))

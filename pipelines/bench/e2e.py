@@ -56,7 +56,6 @@ from pipelines.bench.pipeline import (
 from pipelines.bench.timeline import alone_and_shared, device_intervals, timeline_breakdown
 from pipelines.metrics import phase_of
 from tbe_plugin.benchmarks.common import markdown_table
-from tbe_plugin.benchmarks.compiles import compiles
 from tbe_plugin.workloads import Workload, ctr_tables_dlrm, skew_stats
 
 PIPELINES = ("sparsedist", "semisync", "stale0", "stale1")
@@ -135,8 +134,8 @@ def host_waits(events: Any, steps: int, top: int = 8) -> Dict[str, Any]:
         if not chain:
             outside += us
             continue
-        key = " < ".join(chain if len(chain) <= 4 else chain[:2] + ["..."] + chain[-2:])
-        by_ops[f"{event.name} in {key}"] = by_ops.get(f"{event.name} in {key}", 0.0) + us
+        key = f"{event.name} in " + " < ".join(chain if len(chain) <= 4 else chain[:2] + ["..."] + chain[-2:])
+        by_ops[key] = by_ops.get(key, 0.0) + us
     ranked = sorted(by_ops.items(), key=lambda item: -item[1])[:top]
     return {"ms_per_step": sum(by_ops.values()) / 1e3 / steps, "outside_ops_ms": outside / 1e3 / steps,
             "by_ops": [{"ops": ops, "ms": us / 1e3 / steps} for ops, us in ranked]}  # fmt: skip
@@ -256,10 +255,7 @@ def measure(cfg: TrainConfig, pipeline: str, batches: List[Any], args: argparse.
     launched = set_backward_launch(dmp, launch) if cfg.backend.name == "triton" and launch else 0
     resident = torch.cuda.memory_allocated(device) if on_cuda else None
     runner = make_pipeline(pipeline, dmp, optimizer, device)
-    with compiles() as compiled:  # a kernel compiled or loaded during the timed steps stalls them
-        run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
-    timed_from = run.pop("timed_from")
-    run["compiles_timed"] = [name for name, when in compiled if when >= timed_from]
+    run = time_mode(runner, batches, args.warmup, args.steps, device, args.windows)
     run.update(step_statistics(run["step_ms"]), plan=plan_summary(dmp), launch_modules=launched)
     run["examples_per_s"] = cfg.data.batch_size * world_size / run["ms"] * 1e3
     run["resident_gib"] = resident / 2**30 if on_cuda else None

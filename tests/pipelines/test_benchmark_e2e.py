@@ -46,7 +46,7 @@ def test_smoke_run_measures_every_pipeline_of_both_backends(smoke):
         assert len(r["losses"]) == 3 and len(r["step_ms"]) == 2, key  # 1 warm-up + 2 timed steps
         # On the CPU a step runs in its call: the call's host time is inside the step's marks.
         assert len(r["host_ms"]) == 2 and all(0 < h <= s + 1e-3 for h, s in zip(r["host_ms"], r["step_ms"])), key
-        assert r["compiles_timed"] == [] and "timed_from" not in r, key  # the interpreter compiles nothing
+        assert r["compiles_timed"] == [], key  # the interpreter compiles nothing
         assert r["plan"] == {"table_wise/" + ("fused" if key.startswith("fbgemm") else "fused_triton"): 4}, key
     for pipeline in ("sparsedist", "stale0", "stale1"):
         s, runs = results["summary"][pipeline], results["runs"]
@@ -270,7 +270,7 @@ def test_host_waits_sums_the_device_waits_by_the_ops_that_made_them():
 
 def test_compiles_records_the_kernels_made_ready_and_restores_the_hook():
     """``benchmarks.compiles``: Triton's post-compile hook (called here as Triton calls it) adds
-    (kernel, time) and chains to the hook already set, which is back after the block."""
+    the kernel's name and chains to the hook already set, which is back after the block."""
     from triton import knobs
 
     from tbe_plugin.benchmarks.compiles import compiles
@@ -282,7 +282,7 @@ def test_compiles_records_the_kernels_made_ready_and_restores_the_hook():
         with compiles() as seen:
             knobs.runtime.jit_post_compile_hook(key="k", repr="r", fn=SimpleNamespace(name="_pieces_kernel"),
                                                 compile={}, is_manual_warmup=False, already_compiled=False)
-        assert [name for name, _ in seen] == ["_pieces_kernel"] and seen[0][1] > 0
+        assert seen == ["_pieces_kernel"]
         assert earlier == ["_pieces_kernel"] and knobs.runtime.jit_post_compile_hook is chained
     finally:
         knobs.runtime.jit_post_compile_hook = before
